@@ -1,0 +1,36 @@
+# The two commands a new user needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PG_TEST_DSN ?= postgresql://root@127.0.0.1:5432/test
+
+.PHONY: venv test lint bench clean check-python
+
+check-python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' || { \
+	  echo "OpenOnce needs Python 3.12 or newer; '$(PYTHON)' is $$($(PYTHON) --version 2>&1)."; \
+	  echo "With pyenv, the project's .python-version selects 3.12; or run: make PYTHON=python3.12 ..."; \
+	  exit 1; }
+
+$(VENV)/.installed: pyproject.toml | check-python
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+test: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	OPENONCE_TEST_PG=$(PG_TEST_DSN) $(PY) -m pytest -q
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: venv
+	OPENONCE_BENCH_PG=$(PG_TEST_DSN) $(PY) bench/ledger.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

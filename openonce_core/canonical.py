@@ -1,0 +1,125 @@
+"""Strict JSON checking and RFC 8785 (JCS) canonical bytes for key material.
+
+Arguments are checked by exact type so nothing is coerced silently: a tuple, a date, an
+enum or a ``str`` subclass could serialise to the same JSON as something else and collapse
+two different requests into one key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+from typing import Any
+
+from .errors import FloatInKeyMaterialError, InvalidArgumentsError
+
+# I-JSON (RFC 7493): integers beyond 2**53 lose precision in other JSON readers, so two
+# different amounts could share a key. Key material refuses them.
+MAX_SAFE_INTEGER = 2**53 - 1
+
+_encode_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
+
+
+def check_json(value: Any, path: str = "$", *, key_material: bool = False) -> None:
+    """Raise InvalidArgumentsError naming ``path`` unless ``value`` is strict JSON."""
+    kind = type(value)
+    if value is None or kind is bool or kind is str:
+        if kind is str:
+            _check_string(value, path)
+        return
+    if kind is int:
+        if key_material and abs(value) > MAX_SAFE_INTEGER:
+            raise InvalidArgumentsError(path, "integer beyond 2**53-1 cannot be key material")
+        return
+    if kind is float:
+        if key_material:
+            raise FloatInKeyMaterialError(
+                path, "floats cannot be key material; pass integer minor units (cents)"
+            )
+        if not math.isfinite(value):
+            raise InvalidArgumentsError(path, f"{value!r} is not JSON")
+        return
+    if kind is list:
+        for i, item in enumerate(value):
+            check_json(item, f"{path}[{i}]", key_material=key_material)
+        return
+    if kind is dict:
+        for k, item in value.items():
+            if type(k) is not str:
+                raise InvalidArgumentsError(path, f"key {k!r} is not a string")
+            _check_string(k, path)
+            check_json(item, f"{path}.{k}", key_material=key_material)
+        return
+    raise InvalidArgumentsError(
+        path, f"{kind.__name__} is not strict JSON; convert it explicitly at the call site"
+    )
+
+
+def _check_string(s: str, path: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentsError(path, "string holds a lone surrogate") from None
+
+
+def canonical(value: Any) -> str:
+    """RFC 8785 text of an already checked value (no floats: key material has none)."""
+    parts: list[str] = []
+    _write(value, parts)
+    return "".join(parts)
+
+
+def _write(value: Any, out: list[str]) -> None:
+    if value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif type(value) is str:
+        out.append(_encode_string(value))
+    elif type(value) is int:
+        out.append(str(value))
+    elif type(value) is float:
+        # Only reachable for non-key data; repr is the shortest round-trip form.
+        out.append(repr(value) if not value.is_integer() else str(int(value)))
+    elif type(value) is list:
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _write(item, out)
+        out.append("]")
+    else:
+        out.append("{")
+        # JCS orders member names by their UTF-16 code units, not by code points.
+        for i, key in enumerate(sorted(value, key=_utf16_order)):
+            if i:
+                out.append(",")
+            out.append(_encode_string(key))
+            out.append(":")
+            _write(value[key], out)
+        out.append("}")
+
+
+def _utf16_order(key: str) -> bytes:
+    return key.encode("utf-16-be")
+
+
+def fingerprint(value: Any) -> str:
+    return "sha256:" + hashlib.sha256(canonical(value).encode("utf-8")).hexdigest()
+
+
+def secret_digest(value: Any, pepper: bytes | None) -> str:
+    """What a secret field is stored and keyed as: never the value itself."""
+    data = canonical(value).encode("utf-8")
+    if pepper:
+        return "hmac-sha256:" + hmac.new(pepper, data, hashlib.sha256).hexdigest()
+    return "sha256:" + hashlib.sha256(b"openonce-secret\0" + data).hexdigest()
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON for storage (not canonical; floats allowed)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

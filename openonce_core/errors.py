@@ -1,0 +1,197 @@
+"""Every error OpenOnce raises, and what the caller should do next.
+
+::
+
+    OpenOnceError
+    ├── InvalidArgumentsError        arguments are not strict JSON (names the field)
+    │   └── FloatInKeyMaterialError  a float where a key is derived: use integer minor units
+    ├── ScopeRequiredError           a derived key needs ``with oo.scope(...)``
+    ├── IdempotencyMismatchError     the key was used with different arguments
+    ├── InvalidReceiptError          a receipt that is not a non-empty JSON object
+    ├── EffectNotFoundError          no effect has that id
+    ├── IllegalTransitionError       the effect's state does not allow that call
+    ├── ApprovalPending              the call needs approval; retry the same call later
+    │   └── ApprovalExpired          an approval expired before the call ran (fail closed)
+    ├── ApprovalDenied               a person denied it; the call never runs
+    ├── EffectCancelled              a person cancelled it; the call never runs
+    ├── EffectInFlightError          another caller holds the effect; wait or look later
+    ├── OutcomeUnknownError          the call may have happened; never retry it blindly
+    ├── ResultUnavailableError       it happened, but its return value could not be stored
+    ├── EffectFailed                 replay of a failure whose exception class is not loaded
+    ├── ApproverAlreadyCounted       one person cannot approve twice
+    ├── LedgerWriteError             the handler ran, recording its outcome failed
+    │   └── LeaseLostError           a newer owner holds the effect; this result is evidence only
+    └── SchemaVersionError           the ledger schema is newer or older than this code
+
+    RetryableEffectError   raise it from a handler: definitely did not happen, run again
+    UnknownOutcomeError    raise it from a handler: may have happened, park as UNKNOWN
+
+Neither of the last two is an ``OpenOnceError``: handlers raise them, OpenOnce catches them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class OpenOnceError(Exception):
+    """Base of every error OpenOnce itself raises."""
+
+
+class InvalidArgumentsError(OpenOnceError, ValueError):
+    """An argument is not strict JSON. ``path`` names the offending field (``$.items[2]``)."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"argument {path}: {problem}")
+
+
+class FloatInKeyMaterialError(InvalidArgumentsError):
+    """Floats are ambiguous as key material (0.1 + 0.2); pass integer minor units instead."""
+
+
+class ScopeRequiredError(OpenOnceError):
+    """A key derived from arguments needs a run scope, so two runs are not collapsed."""
+
+
+class IdempotencyMismatchError(OpenOnceError):
+    """The idempotency key is already used by a call with different arguments."""
+
+    def __init__(self, effect_id: str, tool: str) -> None:
+        self.effect_id = effect_id
+        super().__init__(
+            f"idempotency key of {tool!r} already used with different arguments by {effect_id};"
+            " nothing was run. Use a new key for a different request."
+        )
+
+
+class InvalidReceiptError(OpenOnceError, ValueError):
+    """A receipt must be a non-empty JSON object holding the provider's evidence."""
+
+
+class EffectNotFoundError(OpenOnceError, LookupError):
+    def __init__(self, effect_id: str) -> None:
+        self.effect_id = effect_id
+        super().__init__(f"no effect with id {effect_id!r}")
+
+
+class IllegalTransitionError(OpenOnceError):
+    """The effect's current state does not allow the requested decision."""
+
+    def __init__(self, effect_id: str, state: str, action: str, allowed: str = "") -> None:
+        self.effect_id = effect_id
+        self.state = state
+        msg = f"cannot {action} effect {effect_id}: it is {state}"
+        super().__init__(msg + (f" ({allowed})" if allowed else ""))
+
+
+class ApprovalPending(OpenOnceError):
+    """The call needs approval. Retry the very same call after ``oo.approve(effect_id)``."""
+
+    def __init__(self, effect_id: str, tool: str, approvals: int = 0, required: int = 1) -> None:
+        self.effect_id = effect_id
+        self.tool = tool
+        self.approvals = approvals
+        self.required = required
+        super().__init__(
+            f"{tool} needs approval ({approvals}/{required}) before it runs: effect {effect_id}"
+        )
+
+
+class ApprovalExpired(ApprovalPending):
+    """The approval lapsed before the call ran; a fresh approval is needed (fail closed)."""
+
+
+class ApprovalDenied(OpenOnceError):
+    def __init__(self, effect_id: str, by: str, reason: str) -> None:
+        self.effect_id = effect_id
+        self.by = by
+        self.reason = reason
+        super().__init__(f"effect {effect_id} was denied by {by}: {reason}")
+
+
+class EffectCancelled(OpenOnceError):
+    def __init__(self, effect_id: str, by: str, reason: str) -> None:
+        self.effect_id = effect_id
+        super().__init__(f"effect {effect_id} was cancelled by {by}: {reason}")
+
+
+class EffectInFlightError(OpenOnceError):
+    """Another caller is running this effect and did not finish within the wait."""
+
+    def __init__(self, effect_id: str, waited: float) -> None:
+        self.effect_id = effect_id
+        super().__init__(
+            f"effect {effect_id} is still running in another caller after {waited:.1f}s;"
+            " it was not run again. Retry later to get its result."
+        )
+
+
+class OutcomeUnknownError(OpenOnceError):
+    """The call may have happened. It is parked as UNKNOWN until evidence resolves it."""
+
+    def __init__(self, effect_id: str, tool: str, detail: str = "") -> None:
+        self.effect_id = effect_id
+        self.tool = tool
+        super().__init__(
+            f"outcome of {tool} is unknown (effect {effect_id}); it will not be retried"
+            " until a probe or a person resolves it" + (f": {detail}" if detail else "")
+        )
+
+
+class ResultUnavailableError(OpenOnceError):
+    """The effect committed but its return value was not JSON, so it cannot be replayed."""
+
+
+class EffectFailed(OpenOnceError):
+    """Replays a recorded failure whose original exception class cannot be rebuilt here."""
+
+    def __init__(self, effect_id: str, error_type: str, message: str) -> None:
+        self.effect_id = effect_id
+        self.error_type = error_type
+        super().__init__(f"effect {effect_id} failed earlier with {error_type}: {message}")
+
+
+class ApproverAlreadyCounted(OpenOnceError):
+    def __init__(self, effect_id: str, by: str) -> None:
+        self.effect_id = effect_id
+        super().__init__(
+            f"{by} already approved effect {effect_id}; another person has to approve it"
+        )
+
+
+class LedgerWriteError(OpenOnceError):
+    """The handler ran but its outcome could not be recorded.
+
+    Never permission to repeat the call: inspect the ledger. ``observed_outcome`` is what
+    this process saw (``"returned"``, ``"failed"``, ``"unknown"``, ...), ``observed_value``
+    the handler's return value or exception.
+    """
+
+    def __init__(
+        self, effect_id: str, observed_outcome: str, observed_value: Any, cause: str
+    ) -> None:
+        self.effect_id = effect_id
+        self.observed_outcome = observed_outcome
+        self.observed_value = observed_value
+        super().__init__(
+            f"effect {effect_id}: the handler ran ({observed_outcome}) but recording it failed:"
+            f" {cause}. Do not repeat the call; the effect resolves through the ledger."
+        )
+
+
+class LeaseLostError(LedgerWriteError):
+    """Another owner took the effect over; this attempt's result was kept as evidence only."""
+
+
+class SchemaVersionError(OpenOnceError):
+    pass
+
+
+class RetryableEffectError(Exception):
+    """Raise from a handler when the effect definitely did not happen and may run again."""
+
+
+class UnknownOutcomeError(Exception):
+    """Raise from a handler when the effect may have happened (a lost reply, a timeout)."""

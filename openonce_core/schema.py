@@ -1,0 +1,138 @@
+"""The ledger schema, owned and versioned by the core.
+
+Agents use the ledger without Django, so the DDL lives here; ``manage.py migrate`` and
+``openonce --db ... migrate`` both install it through ``Store.migrate()``. Each version is
+a list of statements applied once, in order, recorded in ``openonce_schema``.
+
+Types are written for Postgres and translated for SQLite. Timestamps are epoch seconds
+(double precision) so both stores compare and index them the same way.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+_V1 = [
+    """
+    CREATE TABLE openonce_effects (
+        id text PRIMARY KEY,
+        tool text NOT NULL,
+        idempotency_key text NOT NULL,
+        scope text,
+        state text NOT NULL,
+        args_json text NOT NULL,
+        args_fingerprint text NOT NULL,
+        provider_key text NOT NULL,
+        attempt integer NOT NULL DEFAULT 0,
+        max_attempts integer NOT NULL DEFAULT 1,
+        fence bigint NOT NULL DEFAULT 0,
+        lease_owner text,
+        lease_expires_at double precision,
+        approvals_required integer NOT NULL DEFAULT 0,
+        approval_ttl double precision,
+        execution_status text,
+        execution_evidence_json text,
+        verification_status text,
+        verification_evidence_json text,
+        result_json text,
+        error_json text,
+        created_at double precision NOT NULL,
+        updated_at double precision NOT NULL,
+        waiters integer NOT NULL DEFAULT 0
+    )
+    """,
+    # First writer wins on this index, not on isolation levels or locks in Python.
+    # A released (never started) claim steps aside so its key can be claimed anew.
+    """
+    CREATE UNIQUE INDEX openonce_effects_key_uniq
+        ON openonce_effects (tool, idempotency_key) WHERE state <> 'released'
+    """,
+    # The human queue and the state filters: effects in a state, oldest change first.
+    "CREATE INDEX openonce_effects_state_updated ON openonce_effects (state, updated_at, id)",
+    # The lease sweep: STARTED effects whose lease ran out.
+    """
+    CREATE INDEX openonce_effects_lease_due
+        ON openonce_effects (lease_expires_at) WHERE state = 'started'
+    """,
+    # Listing by time (keyset pagination) and by run.
+    "CREATE INDEX openonce_effects_created ON openonce_effects (created_at, id)",
+    "CREATE INDEX openonce_effects_scope ON openonce_effects (scope, created_at)",
+    """
+    CREATE TABLE openonce_journal (
+        seq bigserial PRIMARY KEY,
+        effect_id text NOT NULL REFERENCES openonce_effects (id),
+        at double precision NOT NULL,
+        from_state text,
+        to_state text NOT NULL,
+        actor text NOT NULL,
+        reason text NOT NULL DEFAULT '',
+        evidence_json text
+    )
+    """,
+    "CREATE INDEX openonce_journal_effect ON openonce_journal (effect_id, seq)",
+    "CREATE INDEX openonce_journal_actor ON openonce_journal (actor, at)",
+    """
+    CREATE TABLE openonce_approvals (
+        id bigserial PRIMARY KEY,
+        effect_id text NOT NULL REFERENCES openonce_effects (id),
+        decision text NOT NULL,
+        decided_by text NOT NULL,
+        reason text NOT NULL DEFAULT '',
+        args_fingerprint text NOT NULL,
+        at double precision NOT NULL,
+        expires_at double precision
+    )
+    """,
+    "CREATE INDEX openonce_approvals_effect ON openonce_approvals (effect_id, id)",
+]
+
+# The journal is append-only: the database itself refuses to change or delete a line.
+_PG_APPEND_ONLY = [
+    """
+    CREATE FUNCTION openonce_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        RAISE EXCEPTION 'openonce: % is append-only', TG_TABLE_NAME;
+    END $$
+    """,
+    """
+    CREATE TRIGGER openonce_journal_append_only BEFORE UPDATE OR DELETE ON openonce_journal
+        FOR EACH ROW EXECUTE FUNCTION openonce_refuse_change()
+    """,
+    """
+    CREATE TRIGGER openonce_approvals_append_only BEFORE UPDATE OR DELETE ON openonce_approvals
+        FOR EACH ROW EXECUTE FUNCTION openonce_refuse_change()
+    """,
+]
+
+_SQLITE_APPEND_ONLY = [
+    f"""
+    CREATE TRIGGER {table}_{op.lower()}_refused BEFORE {op} ON {table}
+    BEGIN SELECT RAISE(ABORT, 'openonce: {table} is append-only'); END
+    """
+    for table in ("openonce_journal", "openonce_approvals")
+    for op in ("UPDATE", "DELETE")
+]
+
+SCHEMA_TABLE = {
+    "postgres": "CREATE TABLE IF NOT EXISTS openonce_schema"
+    " (version integer PRIMARY KEY, applied_at double precision NOT NULL)",
+    "sqlite": "CREATE TABLE IF NOT EXISTS openonce_schema"
+    " (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)",
+}
+
+
+def _to_sqlite(stmt: str) -> str:
+    return (
+        stmt.replace("bigserial PRIMARY KEY", "INTEGER PRIMARY KEY AUTOINCREMENT")
+        .replace("double precision", "REAL")
+        .replace("bigint", "INTEGER")
+    )
+
+
+def migrations(dialect: str) -> dict[int, list[str]]:
+    """Statements per version for ``dialect`` ("postgres" or "sqlite")."""
+    if dialect == "postgres":
+        return {1: _V1 + _PG_APPEND_ONLY}
+    if dialect == "sqlite":
+        return {1: [_to_sqlite(s) for s in _V1] + _SQLITE_APPEND_ONLY}
+    raise ValueError(f"unknown dialect {dialect!r}")

@@ -1,0 +1,35 @@
+"""Ledger stores: in-memory (tests), SQLite (embedded default), Postgres (production)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Store, Watch
+from .memory import InMemoryStore
+from .sqlite import SQLiteStore
+
+__all__ = ["InMemoryStore", "PostgresStore", "SQLiteStore", "Store", "Watch", "open_store"]
+
+
+def __getattr__(name: str) -> Any:
+    # Postgres support is an extra (``openonce[postgres]``): import psycopg only on demand.
+    if name == "PostgresStore":
+        from .postgres import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(name)
+
+
+def open_store(target: str) -> Store:
+    """``":memory:"``, a ``postgresql://`` DSN, or a SQLite file path."""
+    if type(target) is not str or not target:
+        raise ValueError("give a SQLite path, a postgresql:// DSN, ':memory:' or a Store")
+    if target == ":memory:":
+        return InMemoryStore()
+    if target.startswith(("postgresql://", "postgres://")) or (
+        "=" in target and "dbname" in target
+    ):
+        from .postgres import PostgresStore
+
+        return PostgresStore(target)
+    return SQLiteStore(target)

@@ -1,0 +1,271 @@
+"""The production store: PostgreSQL through psycopg 3 and a connection pool.
+
+Every ledger change is a single statement in autocommit mode: the effect row, its journal
+line (and approval) are written by one statement with data-modifying CTEs, which Postgres
+runs atomically. That keeps a change to one round trip and one commit, like the raw limit.
+
+Duplicates waiting on an in-flight effect LISTEN on one channel. A waiter first bumps the
+effect's ``waiters`` count; a change to an effect with waiters sends ``pg_notify`` in the
+same statement, delivered at commit. Effects nobody waits on pay nothing for it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from ..errors import SchemaVersionError
+from ..records import Approval, Effect, JournalEntry
+from ..schema import SCHEMA_TABLE, SCHEMA_VERSION, migrations
+from . import sql
+from .base import WakeBoard, Watch
+
+CHANNEL = "openonce_effects"
+_JOURNAL_VALUES = "%(j_at)s, %(j_from)s, %(j_to)s, %(j_actor)s, %(j_reason)s, %(j_evidence)s"
+_INSERT = (
+    f"WITH e AS (INSERT INTO openonce_effects ({', '.join(sql.COLUMNS)})"
+    f" VALUES ({', '.join('%s' for _ in sql.COLUMNS)})"
+    " ON CONFLICT (tool, idempotency_key) WHERE state <> 'released' DO NOTHING RETURNING id)"
+    f" INSERT INTO openonce_journal ({sql.JOURNAL_COLUMNS})"
+    " SELECT e.id, %s, %s, %s, %s, %s, %s FROM e RETURNING seq"
+)
+_GET = f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects WHERE id = %s"
+_FIND = (
+    f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
+    " WHERE tool = %s AND idempotency_key = %s AND state <> 'released'"
+)
+
+
+class PostgresStore:
+    dialect = "postgres"
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        pool: ConnectionPool | None = None,
+    ) -> None:
+        self.dsn = dsn
+        self.pool = pool or ConnectionPool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"autocommit": True},
+            open=True,
+            name="openonce",
+        )
+        self.board = WakeBoard()
+        self._update_sql: dict[tuple[str, ...], str] = {}
+        self._listener: threading.Thread | None = None
+        self._listener_ready = threading.Event()
+        self._listener_lock = threading.Lock()
+        self._closing = False
+
+    # -- schema ---------------------------------------------------------------------------
+
+    def migrate(self) -> int:
+        with self.pool.connection() as conn, conn.transaction():
+            # Two processes migrating at once take turns instead of racing on CREATE.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('openonce_schema'))")
+            conn.execute(SCHEMA_TABLE["postgres"])
+            current = _version(conn)
+            if current > SCHEMA_VERSION:
+                raise SchemaVersionError(
+                    f"ledger schema is version {current}; this OpenOnce knows {SCHEMA_VERSION}"
+                )
+            for version, statements in sorted(migrations("postgres").items()):
+                if version > current:
+                    for stmt in statements:
+                        conn.execute(stmt)
+                    conn.execute(
+                        "INSERT INTO openonce_schema VALUES (%s, %s)", (version, time.time())
+                    )
+        return SCHEMA_VERSION
+
+    def schema_version(self) -> int:
+        with self.pool.connection() as conn:
+            exists = conn.execute("SELECT to_regclass('openonce_schema')").fetchone()
+            return _version(conn) if exists and exists[0] else 0
+
+    # -- effects --------------------------------------------------------------------------
+
+    def get(self, effect_id: str) -> Effect | None:
+        with self.pool.connection() as conn:
+            row = conn.execute(_GET, (effect_id,)).fetchone()
+        return sql.effect_from_row(row) if row else None
+
+    def find(self, tool: str, idempotency_key: str) -> Effect | None:
+        with self.pool.connection() as conn:
+            row = conn.execute(_FIND, (tool, idempotency_key)).fetchone()
+        return sql.effect_from_row(row) if row else None
+
+    def insert(self, effect: Effect, entry: JournalEntry) -> bool:
+        params = sql.effect_row(effect) + sql.journal_row(entry)[1:]
+        with self.pool.connection() as conn:
+            return conn.execute(_INSERT, params).fetchone() is not None
+
+    def update(
+        self,
+        effect_id: str,
+        expect_states: Sequence[str],
+        expect_fence: int,
+        changes: dict[str, Any],
+        entry: JournalEntry,
+        approval: Approval | None = None,
+    ) -> bool:
+        fields = tuple(changes)
+        cache_key = fields + (("+approval",) if approval else ())
+        stmt = self._update_sql.get(cache_key)
+        if stmt is None:
+            stmt = self._update_sql[cache_key] = _update_statement(fields, approval is not None)
+        params: dict[str, Any] = {f"c_{f}": sql.to_db(f, v) for f, v in changes.items()}
+        params.update(id=effect_id, states=[str(s) for s in expect_states], fence=expect_fence)
+        _, at, from_state, to_state, actor, reason, evidence = sql.journal_row(entry)
+        params.update(
+            j_at=at,
+            j_from=from_state,
+            j_to=to_state,
+            j_actor=actor,
+            j_reason=reason,
+            j_evidence=evidence,
+        )
+        if approval is not None:
+            _, decision, by, a_reason, fp, a_at, expires = sql.approval_row(approval)
+            params.update(
+                a_decision=decision,
+                a_by=by,
+                a_reason=a_reason,
+                a_fp=fp,
+                a_at=a_at,
+                a_expires=expires,
+            )
+        with self.pool.connection() as conn:
+            row = conn.execute(stmt, params).fetchone()
+        done = bool(row and row[0])
+        if done:
+            self.board.wake(effect_id)
+        return done
+
+    def append_journal(self, entry: JournalEntry) -> None:
+        with self.pool.connection() as conn:
+            conn.execute(
+                f"INSERT INTO openonce_journal ({sql.JOURNAL_COLUMNS})"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                sql.journal_row(entry),
+            )
+
+    def journal(self, effect_id: str) -> list[JournalEntry]:
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                f"SELECT seq, {sql.JOURNAL_COLUMNS} FROM openonce_journal"
+                " WHERE effect_id = %s ORDER BY seq",
+                (effect_id,),
+            ).fetchall()
+        return [sql.journal_from_row(r) for r in rows]
+
+    def approvals(self, effect_id: str) -> list[Approval]:
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                f"SELECT {sql.APPROVAL_COLUMNS} FROM openonce_approvals"
+                " WHERE effect_id = %s ORDER BY id",
+                (effect_id,),
+            ).fetchall()
+        return [sql.approval_from_row(r) for r in rows]
+
+    def list_effects(self, states: Iterable[str] | None = None, limit: int = 100) -> list[Effect]:
+        with self.pool.connection() as conn:
+            if states is None:
+                rows = conn.execute(
+                    f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
+                    " ORDER BY created_at, id LIMIT %s",
+                    (limit,),
+                ).fetchall()
+            else:
+                rows = conn.execute(
+                    f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
+                    " WHERE state = ANY(%s) ORDER BY created_at, id LIMIT %s",
+                    ([str(s) for s in states], limit),
+                ).fetchall()
+        return [sql.effect_from_row(r) for r in rows]
+
+    def expired_leases(self, at: float, limit: int = 100) -> list[Effect]:
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
+                " WHERE state = 'started' AND lease_expires_at <= %s"
+                " ORDER BY lease_expires_at LIMIT %s",
+                (at, limit),
+            ).fetchall()
+        return [sql.effect_from_row(r) for r in rows]
+
+    # -- waiting for another process's commit -----------------------------------------------
+
+    def watch(self, effect_id: str) -> Watch:
+        self._ensure_listener()
+        watch = Watch(self.board, effect_id, poll=1.0)  # poll only as a safety net
+        with self.pool.connection() as conn:
+            # After this commits, every change to the effect notifies (see module docstring).
+            conn.execute(
+                "UPDATE openonce_effects SET waiters = waiters + 1 WHERE id = %s", (effect_id,)
+            )
+        return watch
+
+    def _ensure_listener(self) -> None:
+        with self._listener_lock:
+            if self._listener is None or not self._listener.is_alive():
+                self._listener_ready.clear()
+                self._listener = threading.Thread(
+                    target=self._listen, name="openonce-listen", daemon=True
+                )
+                self._listener.start()
+        self._listener_ready.wait(10)
+
+    def _listen(self) -> None:
+        while not self._closing:
+            try:
+                with psycopg.connect(self.dsn, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self._listener_ready.set()
+                    while not self._closing:
+                        for note in conn.notifies(timeout=0.5):
+                            self.board.wake(note.payload)
+            except psycopg.Error:
+                # Lost the connection: waiters still poll every second; reconnect shortly.
+                time.sleep(0.5)
+
+    def close(self) -> None:
+        self._closing = True
+        self.pool.close()
+
+
+def _update_statement(fields: tuple[str, ...], with_approval: bool) -> str:
+    sets = ", ".join(f"{sql.column(f)} = %(c_{f})s" for f in fields)
+    approval = (
+        f", a AS (INSERT INTO openonce_approvals ({sql.APPROVAL_COLUMNS})"
+        " SELECT u.id, %(a_decision)s, %(a_by)s, %(a_reason)s, %(a_fp)s, %(a_at)s, %(a_expires)s"
+        " FROM u)"
+        if with_approval
+        else ""
+    )
+    return (
+        f"WITH u AS (UPDATE openonce_effects SET {sets}"
+        " WHERE id = %(id)s AND state = ANY(%(states)s) AND fence = %(fence)s"
+        " RETURNING id, waiters),"
+        f" j AS (INSERT INTO openonce_journal ({sql.JOURNAL_COLUMNS})"
+        f" SELECT u.id, {_JOURNAL_VALUES} FROM u)"
+        f"{approval},"
+        f" n AS (SELECT pg_notify('{CHANNEL}', u.id) FROM u WHERE u.waiters > 0)"
+        " SELECT count(*), (SELECT count(*) FROM n) FROM u"
+    )
+
+
+def _version(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT max(version) FROM openonce_schema").fetchone()
+    return (row[0] if row else 0) or 0
