@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PG_TEST_DSN ?= postgresql://root@127.0.0.1:5432/test
 
-.PHONY: venv test lint bench clean check-python
+.PHONY: venv demo test lint bench clean check-python
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' || { \
@@ -19,6 +19,14 @@ $(VENV)/.installed: pyproject.toml | check-python
 	touch $@
 
 venv: $(VENV)/.installed
+
+demo: venv
+	rm -f demo.db demo.db-wal demo.db-shm
+	$(PY) examples/demo_agent.py demo.db
+	@echo
+	$(VENV)/bin/openonce --db demo.db review
+	@echo
+	@echo "Look closer:  $(VENV)/bin/openonce --db demo.db show <effect id>"
 
 test: venv
 	$(VENV)/bin/ruff check .

@@ -312,7 +312,7 @@ class OpenOnce:
             claimed = self._decide_existing(call, effect, deadline)
             if claimed is not None:
                 if claimed is _REPLAY:
-                    return self._replay(self.store.get(effect.id) or effect)
+                    return self._replay(effect)
                 return self._run(call, claimed, loop, context)
 
     def _claim_new(self, call: _Call) -> Effect | None:
@@ -736,7 +736,7 @@ class OpenOnce:
             changes = {
                 "result": receipt,
                 "verification_status": "confirmed_by_person",
-                "verification_evidence": {**evidence, "reason": reason},
+                "verification_evidence": _with_observations(effect, evidence, reason),
             }
             if self._move(
                 effect,
@@ -759,7 +759,7 @@ class OpenOnce:
             evidence = {"resolution": "not_happened", "by": by}
             changes = {
                 "verification_status": "absent_by_person",
-                "verification_evidence": {**evidence, "reason": reason},
+                "verification_evidence": _with_observations(effect, evidence, reason),
             }
             if self._move(
                 effect,
@@ -941,6 +941,13 @@ def _storable(value: Any) -> tuple[Any, bool]:
     except InvalidArgumentsError:
         return None, False
     return value, True
+
+
+def _with_observations(effect: Effect, decision: dict[str, Any], reason: str) -> dict[str, Any]:
+    """A person's decision joins the evidence; earlier probe observations stay with it
+    (evidence aggregates across attempts)."""
+    observations = (effect.verification_evidence or {}).get("observations", [])
+    return {"observations": observations, **decision, "reason": reason}
 
 
 def _check_receipt(receipt: Any) -> dict[str, Any]:

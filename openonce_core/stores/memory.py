@@ -100,6 +100,14 @@ class InMemoryStore:
         ]
         return sorted(rows, key=lambda e: e.lease_expires_at or 0)[:limit]
 
+    def due_unknown(self, before: float, limit: int = 100) -> list[Effect]:
+        rows = [
+            e
+            for e in self._effects.values()
+            if e.state == EffectState.UNKNOWN and e.updated_at <= before
+        ]
+        return sorted(rows, key=lambda e: (e.updated_at, e.id))[:limit]
+
     def watch(self, effect_id: str) -> Watch:
         return Watch(self.board, effect_id)
 

@@ -205,6 +205,15 @@ class PostgresStore:
             ).fetchall()
         return [sql.effect_from_row(r) for r in rows]
 
+    def due_unknown(self, before: float, limit: int = 100) -> list[Effect]:
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
+                " WHERE state = 'unknown' AND updated_at <= %s ORDER BY updated_at, id LIMIT %s",
+                (before, limit),
+            ).fetchall()
+        return [sql.effect_from_row(r) for r in rows]
+
     # -- waiting for another process's commit -----------------------------------------------
 
     def watch(self, effect_id: str) -> Watch:

@@ -220,6 +220,14 @@ class SQLiteStore:
         )
         return [sql.effect_from_row(r) for r in rows]
 
+    def due_unknown(self, before: float, limit: int = 100) -> list[Effect]:
+        rows = self._conn().execute(
+            f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
+            " WHERE state = 'unknown' AND updated_at <= ? ORDER BY updated_at, id LIMIT ?",
+            (before, limit),
+        )
+        return [sql.effect_from_row(r) for r in rows]
+
     def watch(self, effect_id: str) -> Watch:
         return Watch(self.board, effect_id, poll=self.poll_interval)
 
