@@ -61,6 +61,8 @@ DEFAULT_UNKNOWN = frozenset(
         "ServerTimeoutError",  # aiohttp
         "SocketTimeoutError",  # aiohttp >= 3.10: read phase
         "ClientPayloadError",  # aiohttp
+        "ClientOSError",  # aiohttp: reset while reading (connect failures are a subclass)
+        "ChunkedEncodingError",  # requests: the body was cut off after the request went out
     }
 )
 

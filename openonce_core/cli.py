@@ -8,15 +8,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from .cli_providers import add_providers_parser
+from .cli_test import add_test_parser
 from .errors import OpenOnceError
+from .reconcile import ReconcileReport
 from .records import Effect
 from .runtime import OpenOnce
 from .stores import open_store
+from .wiring import build_openonce, build_reconciler
 
 
 def _when(ts: float | None) -> str:
@@ -30,7 +37,11 @@ def _short(effect_id: str) -> str:
 
 
 def _open(args: argparse.Namespace) -> OpenOnce:
-    return OpenOnce(args.db, migrate=False)
+    return build_openonce(
+        args.db,
+        capability_files=getattr(args, "capability_file", None) or (),
+        pins=getattr(args, "provider_capability", None) or (),
+    )
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -163,7 +174,12 @@ def cmd_resolve_happened(args: argparse.Namespace) -> int:
         raise OpenOnceError(f"--receipt-json is not JSON: {exc}") from None
     with _open(args) as oo:
         effect = oo.resolve_happened(
-            args.effect_id, receipt=receipt, by=args.by, reason=args.reason
+            args.effect_id,
+            receipt=receipt,
+            by=args.by,
+            reason=args.reason,
+            require_receipt_contract=args.require_receipt_contract or None,
+            require_provider_capability=args.require_provider_capability or None,
         )
     print(f"resolved {_short(effect.id)} as happened — committed with manual receipt")
     return 0
@@ -171,9 +187,63 @@ def cmd_resolve_happened(args: argparse.Namespace) -> int:
 
 def cmd_resolve_not_happened(args: argparse.Namespace) -> int:
     with _open(args) as oo:
-        effect = oo.resolve_not_happened(args.effect_id, by=args.by, reason=args.reason)
+        effect = oo.resolve_not_happened(
+            args.effect_id,
+            by=args.by,
+            reason=args.reason,
+            require_auto_rearm=args.require_auto_rearm,
+            require_provider_capability=args.require_provider_capability,
+        )
     print(f"resolved {_short(effect.id)} as not happened — re-armed for retry")
     return 0
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    oo = _open(args)
+    reconciler = build_reconciler(
+        oo,
+        probers=args.probers,
+        require_provider_capability=args.require_provider_capability,
+        conformance_file=args.conformance_file,
+        require_conformance=args.require_conformance,
+        grace_seconds=args.grace_seconds,
+        owner=args.owner,
+    )
+
+    def show(report: ReconcileReport) -> None:
+        if args.json:
+            print(json.dumps(report.to_json()), flush=True)
+        elif not args.watch or report.resolved or report.expired or report.lost_races:
+            print(f"{_when(time.time())} {report}", flush=True)
+
+    try:
+        if not args.watch:
+            show(reconciler.run_once(limit=args.limit))
+            return 0
+        stopping = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stopping.set())
+        print(f"reconciling every {args.interval:g}s; Ctrl-C stops", file=sys.stderr)
+        reconciler.watch(args.interval, stop=stopping.is_set, on_sweep=show)
+        return 0
+    finally:
+        reconciler.close()
+        oo.close()
+
+
+def _add_provider_knowledge(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--capability-file", action="append", default=[], metavar="FILE",
+        help="extra provider capabilities (schema_version 1); repeatable",
+    )  # fmt: skip
+    p.add_argument(
+        "--provider-capability", action="append", default=[], metavar="TOOL=CAPABILITY",
+        help="pin the capability of a tool that maps to several; repeatable",
+    )  # fmt: skip
+    p.add_argument(
+        "--require-provider-capability", action="store_true",
+        help="fail closed for tools without reviewed provider capability metadata",
+    )  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -203,7 +273,6 @@ def build_parser() -> argparse.ArgumentParser:
         ("approve", cmd_approve, False, "approve a pending effect"),
         ("deny", cmd_deny, True, "deny a pending effect"),
         ("cancel", cmd_cancel, True, "cancel an effect that has not started"),
-        ("resolve-not-happened", cmd_resolve_not_happened, True, "re-arm: it did not happen"),
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("effect_id")
@@ -211,12 +280,47 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--reason", required=reason_required, default="", help="why")
         p.set_defaults(func=func)
 
+    p = sub.add_parser("resolve-not-happened", help="re-arm: it did not happen")
+    p.add_argument("effect_id")
+    p.add_argument("--by", required=True, help="who decides")
+    p.add_argument("--reason", required=True, help="the evidence: where you looked")
+    p.add_argument(
+        "--require-auto-rearm", action="store_true",
+        help="refuse unless the provider matrix says a miss is safe to re-arm",
+    )  # fmt: skip
+    _add_provider_knowledge(p)
+    p.set_defaults(func=cmd_resolve_not_happened)
+
     p = sub.add_parser("resolve-happened", help="commit a receipt: it did happen")
     p.add_argument("effect_id")
     p.add_argument("--receipt-json", required=True, help='e.g. \'{"stripe_id": "pi_1"}\'')
     p.add_argument("--by", required=True)
     p.add_argument("--reason", default="")
+    p.add_argument(
+        "--require-receipt-contract", action="store_true",
+        help="refuse a receipt that breaks the tool's provider receipt contract",
+    )  # fmt: skip
+    _add_provider_knowledge(p)
     p.set_defaults(func=cmd_resolve_happened)
+
+    p = sub.add_parser("reconcile", help="probe providers to resolve UNKNOWN effects")
+    p.add_argument("--probers", metavar="MODULE:NAME", help="mapping of tool to prober")
+    _add_provider_knowledge(p)
+    p.add_argument("--conformance-file", metavar="FILE")
+    p.add_argument(
+        "--require-conformance", action="store_true",
+        help="commit or re-arm only for capabilities with passing conformance evidence",
+    )  # fmt: skip
+    p.add_argument("--grace-seconds", type=float, help="override every capability's grace")
+    p.add_argument("--limit", type=int, default=500, help="effects per sweep")
+    p.add_argument("--watch", action="store_true", help="keep sweeping until stopped")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between sweeps")
+    p.add_argument("--owner", default="cli", help="name in the journal (reconciler:NAME)")
+    p.add_argument("--json", action="store_true", help="one JSON report per sweep")
+    p.set_defaults(func=cmd_reconcile)
+
+    add_providers_parser(sub)
+    add_test_parser(sub)
     return parser
 
 

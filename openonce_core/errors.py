@@ -8,6 +8,8 @@
     ├── ScopeRequiredError           a derived key needs ``with oo.scope(...)``
     ├── IdempotencyMismatchError     the key was used with different arguments
     ├── InvalidReceiptError          a receipt that is not a non-empty JSON object
+    ├── ProviderContractError        the call breaks its provider capability's contract
+    ├── ReceiptContractError         the handler's receipt breaks it: held for a person
     ├── EffectNotFoundError          no effect has that id
     ├── IllegalTransitionError       the effect's state does not allow that call
     ├── ApprovalPending              the call needs approval; retry the same call later
@@ -68,6 +70,24 @@ class IdempotencyMismatchError(OpenOnceError):
 
 class InvalidReceiptError(OpenOnceError, ValueError):
     """A receipt must be a non-empty JSON object holding the provider's evidence."""
+
+
+class ProviderContractError(OpenOnceError):
+    """The call does not meet its provider capability's contract; nothing was run."""
+
+
+class ReceiptContractError(OpenOnceError):
+    """The handler returned, but its receipt breaks the provider contract. The effect is in
+    HUMAN_REVIEW with the value kept for audit; it is not replayed to duplicates."""
+
+    def __init__(self, effect_id: str, problems: list[str], value: Any) -> None:
+        self.effect_id = effect_id
+        self.problems = problems
+        self.value = value
+        super().__init__(
+            f"effect {effect_id} returned a receipt that breaks the provider contract"
+            f" ({'; '.join(problems)}); it waits for a person in human_review"
+        )
 
 
 class EffectNotFoundError(OpenOnceError, LookupError):

@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -45,10 +45,13 @@ from .errors import (
     LedgerWriteError,
     OpenOnceError,
     OutcomeUnknownError,
+    ProviderContractError,
+    ReceiptContractError,
     ResultUnavailableError,
     ScopeRequiredError,
 )
 from .policy import ALLOW, Policy
+from .providers import Capability, CapabilityMatrix, check_call_contract, check_receipt
 from .records import Approval, Effect, JournalEntry, new_effect_id, now
 from .states import NEEDS_HUMAN, NOT_STARTED, EffectState, is_legal
 from .stores import open_store
@@ -113,8 +116,9 @@ class _Call:
     kwargs: dict[str, Any]
     stored_args: dict[str, Any]
     key: str
-    fingerprint: str
+    fingerprint: str  # of every argument as stored: what an approval or a re-arm covers
     scope: str | None
+    secrets: tuple[str, ...] = ()  # clear secret values, scrubbed from recorded errors
 
     @property
     def tool(self) -> str:
@@ -140,6 +144,10 @@ class OpenOnce:
         owner: str | None = None,
         secret_pepper: bytes | None = None,
         migrate: bool | None = None,
+        enforce_provider_receipts: bool = False,
+        require_provider_capability_for_receipts: bool = False,
+        provider_capabilities: Mapping[str, str] | None = None,
+        extra_capabilities: Iterable[Capability] = (),
     ) -> None:
         self.store: Store = target if not isinstance(target, str) else open_store(target)
         if migrate is None:
@@ -161,6 +169,15 @@ class OpenOnce:
         # Counts per outcome, so metrics can tell a replay from a fresh call.
         self.stats: Counter[str] = Counter()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        # Provider knowledge. With enforcement on, calls must meet their capability's
+        # contract before they run and receipts after; off, whatever returns is recorded.
+        self.extra_capabilities = tuple(extra_capabilities)
+        self.matrix = CapabilityMatrix(extra=self.extra_capabilities)
+        self.provider_capabilities = dict(provider_capabilities or {})
+        for tool, name in self.provider_capabilities.items():
+            self.matrix.resolve(tool, name)  # a pin that fits no capability fails here
+        self.enforce_provider_receipts = enforce_provider_receipts
+        self.require_provider_capability_for_receipts = require_provider_capability_for_receipts
 
     # -- declaring effects ----------------------------------------------------------------
 
@@ -208,7 +225,7 @@ class OpenOnce:
             raise ValueError("max_attempts must be at least 1")
         spec = _Spec(
             fn=fn,
-            tool=tool or fn.__name__,
+            tool=tool or _tool_name(fn),
             signature=signature,
             idempotency_fields=tuple(idempotency_fields) if idempotency_fields else None,
             idempotency_key=idempotency_key,
@@ -216,7 +233,7 @@ class OpenOnce:
             max_attempts=attempts,
             lease_seconds=lease_seconds if lease_seconds is not None else self.lease_seconds,
             wait_seconds=wait_seconds if wait_seconds is not None else self.wait_seconds,
-            is_async=inspect.iscoroutinefunction(fn),
+            is_async=_is_async(fn),
         )
         if spec.is_async:
 
@@ -269,27 +286,32 @@ class OpenOnce:
             name: secret_digest(value, self.secret_pepper) if name in spec.secret_fields else value
             for name, value in arguments.items()
         }
+        secrets = tuple(
+            str(arguments[name]) for name in spec.secret_fields if arguments[name] not in ("", None)
+        )
         scope = _scope.get()
+        if self.enforce_provider_receipts or self.require_provider_capability_for_receipts:
+            self._check_call_contract(spec, stored)
         if spec.idempotency_key is not None:
             key = spec.idempotency_key(**arguments)
             if type(key) is not str or not key:
                 raise InvalidArgumentsError("idempotency_key", "must return a non-empty string")
             # Explicit keys are global; the whole argument set must match on reuse.
-            return _Call(spec, args, kwargs, stored, key, fingerprint(stored), scope)
+            return _Call(spec, args, kwargs, stored, key, fingerprint(stored), scope, secrets)
         if scope is None:
             raise ScopeRequiredError(
                 f"{spec.tool}: a key derived from arguments needs a run scope;"
                 " wrap the calls in `with oo.scope():` (or pass idempotency_key=)"
             )
-        if spec.idempotency_fields is not None:
-            material = {f: stored[f] for f in spec.idempotency_fields}
-        else:
-            material = stored
-        check_json(material, key_material=True)
-        text = canonical(material)
-        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        key = hashlib.sha256(f"{scope}\0{digest}".encode()).hexdigest()
-        return _Call(spec, args, kwargs, stored, key, "sha256:" + digest, scope)
+        fields = spec.idempotency_fields or tuple(arguments)
+        # Checked on the clear values, so a float stays refused even in a secret field.
+        check_json({f: arguments[f] for f in fields}, key_material=True)
+        digest = _sha256(canonical({f: stored[f] for f in fields}))
+        key = _sha256(f"{scope}\0{digest}")
+        full = "sha256:" + (
+            digest if spec.idempotency_fields is None else _sha256(canonical(stored))
+        )
+        return _Call(spec, args, kwargs, stored, key, full, scope, secrets)
 
     # -- the call -------------------------------------------------------------------------
 
@@ -307,7 +329,10 @@ class OpenOnce:
                 if effect is None:
                     continue  # another caller inserted first: read what it wrote
                 return self._run(call, effect, loop, context)
-            if effect.args_fingerprint != call.fingerprint:
+            if (
+                call.spec.idempotency_key is not None
+                and effect.args_fingerprint != call.fingerprint
+            ):
                 raise IdempotencyMismatchError(effect.id, call.tool)
             claimed = self._decide_existing(call, effect, deadline)
             if claimed is not None:
@@ -393,11 +418,17 @@ class OpenOnce:
                 effect.id, denial.by if denial else "?", denial.reason if denial else ""
             )
         if state == S.CANCELLED:
-            last = self.store.journal(effect.id)[-1]
-            raise EffectCancelled(effect.id, last.actor, last.reason)
+            # Later lines (a late result, say) may follow; name whoever cancelled it.
+            journal = self.store.journal(effect.id)
+            line = next(j for j in journal if j.to_state == S.CANCELLED)
+            raise EffectCancelled(effect.id, line.actor, line.reason)
         raise IllegalTransitionError(effect.id, state, "run")  # RELEASED is never found
 
     def _claim_existing(self, call: _Call, effect: Effect) -> Effect | None:
+        if effect.args_fingerprint != call.fingerprint:
+            # Approvals and re-arms cover the arguments that were recorded; a call that
+            # shares the intent key but changed, say, the amount must not run under them.
+            raise IdempotencyMismatchError(effect.id, call.tool)
         at = now()
         attempt = effect.attempt + 1
         changes: dict[str, Any] = {
@@ -429,7 +460,7 @@ class OpenOnce:
                 value = self._invoke(call, ctx, loop, context)
             except BaseException as exc:
                 kind = self.classifier.classify(exc)
-                error = _describe(exc, kind)
+                error = _describe(exc, kind, call.secrets)
                 if kind is FailureClass.RETRYABLE:
                     if effect.attempt - first_attempt + 1 < call.spec.max_attempts:
                         effect = self._retry(call, effect, error, exc)
@@ -462,9 +493,60 @@ class OpenOnce:
                 self.stats["failed"] += 1
                 raise
             result, stored = _storable(value)
+            problems = self._receipt_contract_problems(call.tool, value, call.stored_args)
+            if problems:
+                # The call returned, so it happened; but this receipt does not prove it was
+                # *this* effect. Keep the value for audit, let a person decide.
+                self._finish(effect, S.HUMAN_REVIEW, "returned", value, result=result,
+                             stored=stored, reason="receipt breaks the provider contract: "
+                             + "; ".join(problems))  # fmt: skip
+                self.stats["receipt_contract_failed"] += 1
+                raise ReceiptContractError(effect.id, problems, value)
             self._finish(effect, S.COMMITTED, "returned", value, result=result, stored=stored)
             self.stats["executed"] += 1
             return value
+
+    # -- provider contracts ---------------------------------------------------------------
+
+    def capabilities_for(self, tool: str) -> list[Capability]:
+        return self.matrix.resolve(tool, self.provider_capabilities.get(tool))
+
+    def _check_call_contract(self, spec: _Spec, args: dict[str, Any]) -> None:
+        capabilities = self.capabilities_for(spec.tool)
+        if not capabilities:
+            if self.require_provider_capability_for_receipts:
+                raise ProviderContractError(
+                    f"{spec.tool}: no provider capability is known, and"
+                    " require_provider_capability_for_receipts fails closed"
+                )
+            return
+        problems = [
+            problem
+            for capability in capabilities
+            for problem in check_call_contract(
+                capability, args, spec.idempotency_fields, spec.idempotency_key is not None
+            )
+        ]
+        if problems:
+            raise ProviderContractError(f"{spec.tool}: " + "; ".join(problems))
+
+    def _receipt_contract_problems(
+        self,
+        tool: str,
+        receipt: Any,
+        args: Mapping[str, Any],
+        *,
+        required: bool | None = None,
+        require_capability: bool | None = None,
+    ) -> list[str]:
+        if not (self.enforce_provider_receipts if required is None else required):
+            return []
+        capabilities = self.capabilities_for(tool)
+        if require_capability is None:
+            require_capability = self.require_provider_capability_for_receipts
+        if not capabilities:
+            return [f"no provider capability is known for {tool}"] if require_capability else []
+        return check_receipt(capabilities, receipt, args)
 
     def _invoke(
         self,
@@ -725,13 +807,31 @@ class OpenOnce:
                 return self.get(effect_id)
 
     def resolve_happened(
-        self, effect_id: str, *, receipt: Mapping[str, Any], by: str, reason: str = ""
+        self,
+        effect_id: str,
+        *,
+        receipt: Mapping[str, Any],
+        by: str,
+        reason: str = "",
+        require_receipt_contract: bool | None = None,
+        require_provider_capability: bool | None = None,
     ) -> Effect:
-        """A person found the effect happened: commit ``receipt``; duplicates replay it."""
+        """A person found the effect happened: commit ``receipt``; duplicates replay it.
+
+        With ``enforce_provider_receipts`` (or ``require_receipt_contract=True``) the
+        receipt must meet the tool's provider receipt contract first."""
         _require_text("by", by)
         receipt = _check_receipt(receipt)
         while True:
             effect = self._load(effect_id, (S.UNKNOWN, S.HUMAN_REVIEW), "resolve as happened")
+            problems = self._receipt_contract_problems(
+                effect.tool, receipt, effect.args, required=require_receipt_contract,
+                require_capability=require_provider_capability,
+            )  # fmt: skip
+            if problems:
+                raise InvalidReceiptError(
+                    "receipt breaks the provider contract: " + "; ".join(problems)
+                )
             evidence = {"resolution": "happened", "receipt": receipt, "by": by}
             changes = {
                 "result": receipt,
@@ -749,13 +849,36 @@ class OpenOnce:
             ):
                 return self.get(effect_id)
 
-    def resolve_not_happened(self, effect_id: str, *, by: str, reason: str) -> Effect:
+    def resolve_not_happened(
+        self,
+        effect_id: str,
+        *,
+        by: str,
+        reason: str,
+        require_auto_rearm: bool = False,
+        require_provider_capability: bool = False,
+    ) -> Effect:
         """A person found the effect did not happen: re-arm it so the next identical call
-        runs. ``reason`` is required: there is no receipt, so it is the evidence."""
+        runs. ``reason`` is required: there is no receipt, so it is the evidence.
+
+        ``require_auto_rearm=True`` obeys the provider matrix: refused unless every
+        matching capability says a miss is safe to re-arm (unknown tools fail closed)."""
         _require_text("by", by)
         _require_text("reason", reason)
         while True:
             effect = self._load(effect_id, (S.UNKNOWN, S.HUMAN_REVIEW), "resolve as not happened")
+            capabilities = self.capabilities_for(effect.tool)
+            if require_provider_capability and not capabilities:
+                raise ProviderContractError(
+                    f"no provider capability is known for {effect.tool}; not re-armed"
+                )
+            pin = self.provider_capabilities.get(effect.tool)
+            if require_auto_rearm and not self.matrix.can_auto_rearm(effect.tool, pin):
+                names = ", ".join(c.name for c in capabilities) or "no known capability"
+                raise ProviderContractError(
+                    f"{effect.tool} is not safe to re-arm on a miss ({names}); resolve it"
+                    " with a receipt, or re-arm without require_auto_rearm and say why"
+                )
             evidence = {"resolution": "not_happened", "by": by}
             changes = {
                 "verification_status": "absent_by_person",
@@ -899,19 +1022,49 @@ def _last_error(effect: Effect) -> str:
     return str(error.get("message", ""))
 
 
-def _describe(exc: BaseException, kind: FailureClass) -> dict[str, Any]:
+def _describe(exc: BaseException, kind: FailureClass, secrets: tuple[str, ...]) -> dict[str, Any]:
     cls = type(exc)
     args: list[Any] | None = list(exc.args)
     try:
         check_json(args)
     except InvalidArgumentsError:
         args = None
+    message = str(exc)[:2000]
+    if secrets:
+        # A provider error that echoes a card number must not put it in the ledger.
+        message = _scrub(message, secrets)
+        args = None if args is None or _scrub(canonical(args), secrets) != canonical(args) else args
     return {
         "type": f"{cls.__module__}.{cls.__qualname__}",
-        "message": str(exc)[:2000],
+        "message": message,
         "args": args,
         "class": str(kind),
     }
+
+
+def _scrub(text: str, secrets: tuple[str, ...]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "[secret]")
+    return text
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _tool_name(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__name__", None)
+    if not isinstance(name, str) or name == "<lambda>":
+        raise ValueError(f"cannot name the tool of {fn!r}; pass tool='...'")
+    return name
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """Coroutine functions, and callable objects whose ``__call__`` is one."""
+    target = getattr(fn, "func", fn)  # functools.partial
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
+        getattr(target, "__call__", None)  # noqa: B004 - a method, not callability
+    )
 
 
 def _rebuild_error(effect: Effect) -> BaseException:

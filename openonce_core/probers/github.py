@@ -1,0 +1,250 @@
+"""Tier 2, natural business key: is there a pull request for this owner/repo/head?
+
+``github.create_pr`` effects carry their natural key in their arguments: ``owner``,
+``repo`` and ``head`` (a branch of ``owner/repo``, or ``user:branch`` for a fork). GitHub's
+pull-request list is its primary store, read straight (no search index), so a miss is a
+real "not happened" and the capability may re-arm on it at once.
+
+The read is still checked before it is believed: the list filter is done by GitHub, but
+a malformed filter makes GitHub ignore it and list every PR, and wrappers get it wrong.
+So every PR must show the head the effect asked for:
+
+* exactly one PR whose ``head.ref`` is the branch: HAPPENED, receipt ``{"number",
+  "head", "url"}`` where ``head`` is the effect's own ``head`` argument;
+* PRs whose head does not match are ignored as unrelated; if that is all the read
+  returned, it is suspicious and the result is INCONCLUSIVE;
+* several matching PRs (one closed, one reopened as new...): INCONCLUSIVE;
+* none: NOT_HAPPENED;
+* an error (404 for a repo the token cannot see, rate limits, timeouts): INCONCLUSIVE.
+
+Results are bound to the effect by :meth:`GitHubPullRequestProber.reference_for`,
+``"owner/repo:head"``, not by the provider key: GitHub never saw that key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..probe import ProbeOutcome, ProbeResult
+from ..records import Effect
+
+
+class PullRequestClient(Protocol):
+    """What :class:`GitHubPullRequestProber` needs from GitHub: one read.
+
+    ``list_pulls`` returns the pull requests of ``owner/repo`` (open and closed) whose
+    head is ``head`` (``"user:branch"``), each as GitHub renders it (``number``,
+    ``html_url``, ``state``, ``head.ref``, ``head.label``, ``base.repo.full_name``...). It
+    must raise on any failure, including a page it could not read.
+    """
+
+    def list_pulls(self, owner: str, repo: str, head: str) -> list[dict[str, Any]]: ...
+
+
+class GitHubReadError(Exception):
+    """GitHub's pull-request list could not be read; the probe stays inconclusive."""
+
+
+class GitHubPullRequestProber:
+    """Probes ``github.create_pr`` effects by owner/repo/head (see module doc)."""
+
+    capability = "github_pr"
+
+    def __init__(self, client: PullRequestClient) -> None:
+        self.client = client
+
+    @classmethod
+    def from_token(cls, token: str, *, timeout: float = 10.0) -> GitHubPullRequestProber:
+        """A prober reading GitHub's REST API with a token that can read the repository."""
+        return cls(GitHubRestClient(token, timeout=timeout))
+
+    def reference_for(self, effect: Effect) -> str:
+        """The natural key a decisive result is bound to: ``"owner/repo:head"``."""
+        args = effect.args
+        return f"{args.get('owner', '')}/{args.get('repo', '')}:{args.get('head', '')}"
+
+    def probe(self, effect: Effect) -> ProbeResult:
+        key = _natural_key(effect.args)
+        if key is None:
+            return _inconclusive(
+                "cannot probe: the effect's args need string owner, repo and head;"
+                f" got {sorted(effect.args)}"
+            )
+        owner, repo, head = key
+        head_owner, _, branch = head.rpartition(":")
+        head_owner = head_owner or owner
+        label = f"{head_owner}:{branch}"
+        where = f"{owner}/{repo} head {label}"
+        try:
+            pulls = self.client.list_pulls(owner, repo, label)
+        except Exception as exc:
+            return _inconclusive(
+                f"GitHub read for {where} failed: {type(exc).__name__}: {exc}"[:500]
+            )
+        if not isinstance(pulls, list) or not all(isinstance(p, dict) for p in pulls):
+            return _inconclusive(
+                f"GitHub returned {type(pulls).__name__} for {where}, not a list of PRs"
+            )
+        matching = [p for p in pulls if _is_for(p, owner, repo, head_owner, branch)]
+        ignored = len(pulls) - len(matching)
+        observed: dict[str, Any] = {"matches": len(matching), "ignored_unrelated": ignored}
+        if len(matching) > 1:
+            numbers = [p.get("number") for p in matching]
+            observed["numbers"] = [n for n in numbers if type(n) is int]
+            return _inconclusive(
+                f"{len(matching)} PRs match {where} ({', '.join(f'#{n}' for n in numbers)}):"
+                " possible duplicates, a person must decide",
+                observed,
+            )
+        if not matching and ignored:
+            return _inconclusive(
+                f"GitHub returned {ignored} PR(s) for {where}, none with that head:"
+                " a suspicious read (filter ignored?), not evidence",
+                observed,
+            )
+        reference = self.reference_for(effect)
+        if not matching:
+            return ProbeResult(
+                ProbeOutcome.NOT_HAPPENED,
+                detail=f"GitHub lists no PR for {where}, open or closed"
+                " (authoritative primary-store read)",
+                provider_reference=reference,
+                observed=observed,
+            )
+        pull = matching[0]
+        number = pull.get("number")
+        if type(number) is not int:
+            return _inconclusive(f"the PR for {where} has no usable number", observed)
+        receipt: dict[str, Any] = {"number": number, "head": head}
+        url = pull.get("html_url")
+        if isinstance(url, str):
+            receipt["url"] = url
+        state = pull.get("state")
+        if isinstance(state, str):
+            observed["state"] = state
+        unrelated = f"; ignored {ignored} unrelated PR(s)" if ignored else ""
+        return ProbeResult(
+            ProbeOutcome.HAPPENED,
+            receipt=receipt,
+            detail=f"PR #{number} ({state or 'state unknown'}) has head {label}"
+            f" in {owner}/{repo}{unrelated}",
+            provider_reference=reference,
+            observed=observed,
+        )
+
+
+class GitHubRestClient:
+    """:class:`PullRequestClient` over GitHub's REST API, standard library only.
+
+    Follows ``Link: rel="next"`` pages (only on the API's own host, so the token never
+    leaves it) and raises rather than return a partial list.
+    ``open_url`` is ``urllib.request.urlopen`` unless a test passes a stand-in.
+    """
+
+    max_pages = 10
+
+    def __init__(
+        self,
+        token: str,
+        *,
+        base_url: str = "https://api.github.com",
+        timeout: float = 10.0,
+        open_url: Callable[..., Any] = urllib.request.urlopen,
+    ) -> None:
+        if not token:
+            raise ValueError("a GitHub token is required")
+        self._token = token
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._open_url = open_url
+
+    def __repr__(self) -> str:  # never show the token in logs or probe details
+        return f"GitHubRestClient(base_url={self.base_url!r})"
+
+    def list_pulls(self, owner: str, repo: str, head: str) -> list[dict[str, Any]]:
+        path = f"/repos/{_segment(owner)}/{_segment(repo)}/pulls"
+        query = urllib.parse.urlencode({"head": head, "state": "all", "per_page": 100})
+        url: str | None = f"{self.base_url}{path}?{query}"
+        pulls: list[dict[str, Any]] = []
+        for _ in range(self.max_pages):
+            if url is None:
+                return pulls
+            page, url = self._get_page(url)
+            pulls.extend(page)
+        if url is not None:
+            raise GitHubReadError(f"more than {self.max_pages} pages of PRs for head {head}")
+        return pulls
+
+    def _get_page(self, url: str) -> tuple[list[dict[str, Any]], str | None]:
+        if not url.startswith(self.base_url + "/"):
+            raise GitHubReadError(f"refusing to follow a page link off the API host: {url}")
+        request = urllib.request.Request(
+            url,
+            headers={
+                "Authorization": f"Bearer {self._token}",
+                "Accept": "application/vnd.github+json",
+                "X-GitHub-Api-Version": "2022-11-28",
+                "User-Agent": "openonce-prober",
+            },
+        )
+        try:
+            with self._open_url(request, timeout=self.timeout) as response:
+                body = json.loads(response.read())
+                link = response.headers.get("Link")
+        except urllib.error.HTTPError as exc:
+            raise GitHubReadError(f"GitHub answered HTTP {exc.code}: {exc.reason}") from exc
+        if not isinstance(body, list):
+            raise GitHubReadError("GitHub's pull-request list is not a JSON list")
+        return body, _next_link(link)
+
+
+def _natural_key(args: dict[str, Any]) -> tuple[str, str, str] | None:
+    values = [args.get(name) for name in ("owner", "repo", "head")]
+    if not all(isinstance(v, str) and v for v in values):
+        return None
+    owner, repo, head = (str(v) for v in values)
+    if not head.rpartition(":")[2]:
+        return None
+    return owner, repo, head
+
+
+def _is_for(pull: dict[str, Any], owner: str, repo: str, head_owner: str, branch: str) -> bool:
+    """Does this PR show the head we asked for, in the repository we asked about?
+
+    Branch names are case-sensitive, account and repository names are not."""
+    head = pull.get("head")
+    if not isinstance(head, dict) or head.get("ref") != branch:
+        return False
+    label = head.get("label")
+    if isinstance(label, str):
+        label_owner, _, label_branch = label.partition(":")
+        if label_owner.lower() != head_owner.lower() or label_branch != branch:
+            return False
+    base = pull.get("base")
+    base_repo = base.get("repo") if isinstance(base, dict) else None
+    full_name = base_repo.get("full_name") if isinstance(base_repo, dict) else None
+    return not isinstance(full_name, str) or full_name.lower() == f"{owner}/{repo}".lower()
+
+
+def _segment(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
+
+
+_NEXT = re.compile(r'<([^>]+)>\s*;\s*rel="next"')
+
+
+def _next_link(link: str | None) -> str | None:
+    if not link:
+        return None
+    match = _NEXT.search(link)
+    return match.group(1) if match else None
+
+
+def _inconclusive(detail: str, observed: dict[str, Any] | None = None) -> ProbeResult:
+    return ProbeResult(ProbeOutcome.INCONCLUSIVE, detail=detail, observed=observed or {})

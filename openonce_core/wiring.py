@@ -1,0 +1,116 @@
+"""Building a Reconciler from references: the one place the CLI and the Django settings
+turn ``module:NAME``, capability files and ``TOOL=CAPABILITY`` pins into objects, so the
+daemon enforces exactly the provider knowledge that passed CI."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .errors import OpenOnceError
+from .providers import Capability, check_conformance_evidence, load_capabilities_file
+from .providers import load_conformance_file as _load_conformance
+from .reconcile import Reconciler
+from .runtime import OpenOnce
+
+
+class WiringError(OpenOnceError):
+    """A reference to probers, capabilities or pins that cannot be used as given."""
+
+
+def load_object(ref: str) -> Any:
+    """``package.module:NAME`` -> the object; a callable NAME is called to build it."""
+    module_name, sep, name = ref.partition(":")
+    if not sep or not module_name or not name:
+        raise WiringError(f"{ref!r} is not of the form package.module:NAME")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise WiringError(f"cannot import {module_name!r} for {ref!r}: {exc}") from None
+    try:
+        obj = getattr(module, name)
+    except AttributeError:
+        raise WiringError(f"{module_name!r} has no {name!r}") from None
+    return (
+        obj()
+        if callable(obj) and not isinstance(obj, Mapping) and not hasattr(obj, "probe")
+        else obj
+    )
+
+
+def parse_pins(pins: Iterable[str] | Mapping[str, str]) -> dict[str, str]:
+    if isinstance(pins, Mapping):
+        return dict(pins)
+    parsed: dict[str, str] = {}
+    for pin in pins:
+        tool, sep, capability = pin.partition("=")
+        if not sep or not tool or not capability:
+            raise WiringError(f"provider capability pin {pin!r} is not TOOL=CAPABILITY")
+        parsed[tool] = capability
+    return parsed
+
+
+def load_capabilities(files: Iterable[str]) -> list[Capability]:
+    return [cap for path in files for cap in load_capabilities_file(path)]
+
+
+def build_openonce(
+    target: str,
+    *,
+    capability_files: Iterable[str] = (),
+    pins: Iterable[str] | Mapping[str, str] = (),
+    migrate: bool | None = False,
+    **options: Any,
+) -> OpenOnce:
+    return OpenOnce(
+        target,
+        migrate=migrate,
+        extra_capabilities=load_capabilities(capability_files),
+        provider_capabilities=parse_pins(pins),
+        **options,
+    )
+
+
+def build_reconciler(
+    oo: OpenOnce,
+    *,
+    probers: str | Mapping[str, Any] | None = None,
+    pins: Iterable[str] | Mapping[str, str] = (),
+    require_provider_capability: bool = False,
+    conformance_file: str | None = None,
+    require_conformance: bool = False,
+    grace_seconds: float | None = None,
+    grace_overrides: Mapping[str, float] | None = None,
+    probe_timeout: float = 30.0,
+    owner: str = "reconciler",
+) -> Reconciler:
+    """A Reconciler over ``oo``'s store with the probers named by ``probers``: a mapping
+    tool -> prober (or -> (prober, capability)), or a ``module:NAME`` reference to one."""
+    if require_conformance and not conformance_file:
+        raise WiringError("--require-conformance needs --conformance-file")
+    gate = None
+    if conformance_file:
+        evidence = _load_conformance(conformance_file)
+
+        def gate(capability: Capability) -> list[str]:
+            return check_conformance_evidence(capability, evidence)
+
+    reconciler = Reconciler(
+        oo,
+        grace_seconds=grace_seconds,
+        grace_overrides=grace_overrides,
+        require_provider_capability=require_provider_capability,
+        conformance=gate,
+        require_conformance=require_conformance,
+        probe_timeout=probe_timeout,
+        owner=owner,
+    )
+    table = load_object(probers) if isinstance(probers, str) else (probers or {})
+    if not isinstance(table, Mapping):
+        raise WiringError(f"probers must be a mapping of tool to prober, got {type(table)}")
+    pinned = {**oo.provider_capabilities, **parse_pins(pins)}
+    for tool, entry in table.items():
+        prober, capability = entry if isinstance(entry, tuple) else (entry, None)
+        reconciler.register(tool, prober, capability or pinned.get(tool))
+    return reconciler
