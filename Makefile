@@ -31,7 +31,7 @@ demo: venv
 test: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	OPENONCE_TEST_PG=$(PG_TEST_DSN) $(PY) -m pytest -q
+	OPENONCE_TEST_PG=$(PG_TEST_DSN) OPENONCE_DATABASE=$(PG_TEST_DSN) $(PY) -m pytest -q
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -44,6 +44,7 @@ class ReconcileReport:
     committed: list[str] = field(default_factory=list)
     rearmed: list[str] = field(default_factory=list)
     escalated: list[str] = field(default_factory=list)
+    retried: list[str] = field(default_factory=list)  # prober failed; asked again later
     waiting: int = 0  # UNKNOWN but still inside the grace window
     lost_races: int = 0  # another reconciler decided first
     outcomes: dict[str, int] = field(default_factory=dict)
@@ -57,6 +58,7 @@ class ReconcileReport:
         self.committed += other.committed
         self.rearmed += other.rearmed
         self.escalated += other.escalated
+        self.retried += other.retried
         self.waiting += other.waiting
         self.lost_races += other.lost_races
         for k, v in other.outcomes.items():
@@ -68,6 +70,7 @@ class ReconcileReport:
             "committed": self.committed,
             "rearmed": self.rearmed,
             "escalated": self.escalated,
+            "retried": self.retried,
             "waiting": self.waiting,
             "lost_races": self.lost_races,
             "outcomes": self.outcomes,
@@ -77,6 +80,7 @@ class ReconcileReport:
         return (
             f"expired {len(self.expired)}, committed {len(self.committed)},"
             f" re-armed {len(self.rearmed)}, to human review {len(self.escalated)},"
+            f" probe retries {len(self.retried)},"
             f" waiting in grace {self.waiting}, lost races {self.lost_races}"
         )
 
@@ -97,6 +101,8 @@ class Reconciler:
         conformance: ConformanceGate | None = None,
         require_conformance: bool = False,
         probe_timeout: float = 30.0,
+        probe_retries: int = 0,
+        retry_backoff: float = 5.0,
         owner: str = "reconciler",
     ) -> None:
         self.oo = target if isinstance(target, OpenOnce) else OpenOnce(target)
@@ -107,6 +113,10 @@ class Reconciler:
         self.conformance = conformance
         self.require_conformance = require_conformance
         self.probe_timeout = probe_timeout
+        # A prober that raises or times out says nothing about the effect; with retries it
+        # is asked again after a growing pause before the effect goes to a person.
+        self.probe_retries = probe_retries
+        self.retry_backoff = retry_backoff
         self.actor = owner if ":" in owner else f"reconciler:{owner}"
         self._probers: dict[str, list[AnyProber]] = {}
         # Pins of tool -> capability for tools that map to several (email.send).
@@ -141,9 +151,11 @@ class Reconciler:
         found = self.store.expired_leases(at, limit)
         room = limit - len(found)
         if room > 0:
-            for effect in self.store.due_unknown(at - self._min_grace(), room):
-                if at >= effect.updated_at + self.grace_for(effect.tool):
-                    found.append(effect)
+            found += [
+                effect
+                for effect in self.store.due_unknown(at - self._min_grace(), room)
+                if self._is_due(effect, at)
+            ]
         return found
 
     def run_once(self, limit: int = 500) -> ReconcileReport:
@@ -168,11 +180,18 @@ class Reconciler:
     def _is_due(self, effect: Effect, at: float) -> bool:
         if effect.state == S.STARTED:
             return effect.lease_expires_at is not None and effect.lease_expires_at <= at
-        return effect.state == S.UNKNOWN and at >= effect.updated_at + self.grace_for(effect.tool)
+        return effect.state == S.UNKNOWN and at >= effect.updated_at + self._pause(effect)
+
+    def _pause(self, effect: Effect) -> float:
+        """How long after its last change an UNKNOWN effect waits: its grace window, or the
+        backoff after a failed probe, whichever is longer."""
+        errors = _probe_errors(effect)
+        backoff = self.retry_backoff * 2 ** (errors - 1) if errors else 0.0
+        return max(self.grace_for(effect.tool), backoff)
 
     def _count_waiting(self, at: float) -> int:
         young = self.store.due_unknown(at + 1e9, 10_000)
-        return sum(1 for e in young if at < e.updated_at + self.grace_for(e.tool))
+        return sum(1 for e in young if not self._is_due(e, at))
 
     def grace_for(self, tool: str) -> float:
         if tool in self.grace_overrides:
@@ -217,9 +236,29 @@ class Reconciler:
                 return
         results = [self._probe(prober, effect) for prober in probers]
         for result in results:
-            name = str(result.outcome)
+            name = "error" if _failed(result) else str(result.outcome)
             report.outcomes[name] = report.outcomes.get(name, 0) + 1
+        failures = [r for r in results if _failed(r)]
+        if failures and _probe_errors(effect) < self.probe_retries:
+            self._retry_later(effect, failures, report)
+            return
         self._decide(effect, results, capabilities, guidance, report)
+
+    def _retry_later(
+        self, effect: Effect, failures: list[ProbeResult], report: ReconcileReport
+    ) -> None:
+        errors = _probe_errors(effect) + 1
+        detail = "; ".join(r.detail for r in failures)
+        pause = self.retry_backoff * 2 ** (errors - 1)
+        evidence = dict(effect.verification_evidence or {})
+        evidence["probe_errors"] = [effect.attempt, errors]
+        moved = self.oo._move(
+            effect, S.UNKNOWN, "retry probe", actor=self.actor,
+            reason=f"probe failed ({errors}/{self.probe_retries}): {detail};"
+            f" asking again in {pause:g}s", evidence={"probe_error": detail, "retry": errors},
+            changes={"verification_evidence": evidence},
+        )  # fmt: skip
+        self._count(moved, effect, report.retried, report)
 
     def _conformance_problems(self, capabilities: list[Capability]) -> list[str]:
         if not capabilities:
@@ -236,9 +275,10 @@ class Reconciler:
         try:
             result = self._pool.submit(call, effect).result(timeout=self.probe_timeout)
         except concurrent.futures.TimeoutError:
-            return _inconclusive(f"probe timed out after {self.probe_timeout:g}s")
+            return _inconclusive(f"probe timed out after {self.probe_timeout:g}s", error=True)
         except Exception as exc:
-            return _inconclusive(f"prober raised {type(exc).__name__}: {exc}"[:500])
+            detail = f"prober raised {type(exc).__name__}: {exc}"[:500]
+            return _inconclusive(detail, error=True)
         if not isinstance(result, ProbeResult) or not isinstance(result.outcome, ProbeOutcome):
             return _inconclusive(f"prober returned {type(result).__name__}, not a ProbeResult")
         elapsed = time.monotonic() - started
@@ -384,11 +424,26 @@ def _receipt_problem(receipt: Any) -> str:
     return ""
 
 
-def _inconclusive(detail: str, original: ProbeResult | None = None) -> ProbeResult:
+def _inconclusive(
+    detail: str, original: ProbeResult | None = None, *, error: bool = False
+) -> ProbeResult:
     observed: dict[str, Any] = {}
     if original is not None:
         observed = {"claimed": str(original.outcome), "receipt": original.receipt}
+    if error:
+        observed["probe_error"] = True
     return ProbeResult(ProbeOutcome.INCONCLUSIVE, detail=detail, observed=observed)
+
+
+def _failed(result: ProbeResult) -> bool:
+    """The prober itself failed (raised, timed out): no observation of the effect at all."""
+    return result.observed.get("probe_error") is True
+
+
+def _probe_errors(effect: Effect) -> int:
+    """Failed probes of the current attempt so far."""
+    attempt, count = (effect.verification_evidence or {}).get("probe_errors", (0, 0))
+    return int(count) if attempt == effect.attempt else 0
 
 
 def _observation(result: ProbeResult, attempt: int) -> dict[str, Any]:

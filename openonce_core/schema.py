@@ -10,6 +10,9 @@ Types are written for Postgres and translated for SQLite. Timestamps are epoch s
 
 from __future__ import annotations
 
+import time
+from typing import Any, Protocol
+
 SCHEMA_VERSION = 1
 
 _V1 = [
@@ -136,3 +139,34 @@ def migrations(dialect: str) -> dict[int, list[str]]:
     if dialect == "sqlite":
         return {1: [_to_sqlite(s) for s in _V1] + _SQLITE_APPEND_ONLY}
     raise ValueError(f"unknown dialect {dialect!r}")
+
+
+class Cursor(Protocol):
+    def execute(self, sql: str, /) -> Any: ...
+    def fetchone(self) -> Any: ...
+
+
+def current_version(cursor: Cursor) -> int:
+    cursor.execute("SELECT max(version) FROM openonce_schema")
+    row = cursor.fetchone()
+    return (row[0] if row else 0) or 0
+
+
+def apply(cursor: Cursor, dialect: str) -> tuple[int, int]:
+    """Bring the ledger schema up to SCHEMA_VERSION through ``cursor``, inside the caller's
+    transaction. Returns (version before, version after). Used by the stores' ``migrate``
+    and by Django's ``manage.py migrate``, so both install exactly the same tables."""
+    from .errors import SchemaVersionError
+
+    cursor.execute(SCHEMA_TABLE[dialect])
+    before = current_version(cursor)
+    if before > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"ledger schema is version {before}; this OpenOnce knows {SCHEMA_VERSION}"
+        )
+    for version, statements in sorted(migrations(dialect).items()):
+        if version > before:
+            for stmt in statements:
+                cursor.execute(stmt)
+            cursor.execute(f"INSERT INTO openonce_schema VALUES ({version}, {time.time()!r})")
+    return before, SCHEMA_VERSION

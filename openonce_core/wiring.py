@@ -83,6 +83,8 @@ def build_reconciler(
     grace_seconds: float | None = None,
     grace_overrides: Mapping[str, float] | None = None,
     probe_timeout: float = 30.0,
+    probe_retries: int = 0,
+    retry_backoff: float = 5.0,
     owner: str = "reconciler",
 ) -> Reconciler:
     """A Reconciler over ``oo``'s store with the probers named by ``probers``: a mapping
@@ -104,6 +106,8 @@ def build_reconciler(
         conformance=gate,
         require_conformance=require_conformance,
         probe_timeout=probe_timeout,
+        probe_retries=probe_retries,
+        retry_backoff=retry_backoff,
         owner=owner,
     )
     table = load_object(probers) if isinstance(probers, str) else (probers or {})

@@ -19,9 +19,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from ..errors import SchemaVersionError
+from .. import schema
 from ..records import Approval, Effect, JournalEntry
-from ..schema import SCHEMA_TABLE, SCHEMA_VERSION, migrations
 from . import sql
 from .base import WakeBoard, Watch
 
@@ -71,28 +70,16 @@ class PostgresStore:
     # -- schema ---------------------------------------------------------------------------
 
     def migrate(self) -> int:
-        with self.pool.connection() as conn, conn.transaction():
+        with self.pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
             # Two processes migrating at once take turns instead of racing on CREATE.
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext('openonce_schema'))")
-            conn.execute(SCHEMA_TABLE["postgres"])
-            current = _version(conn)
-            if current > SCHEMA_VERSION:
-                raise SchemaVersionError(
-                    f"ledger schema is version {current}; this OpenOnce knows {SCHEMA_VERSION}"
-                )
-            for version, statements in sorted(migrations("postgres").items()):
-                if version > current:
-                    for stmt in statements:
-                        conn.execute(stmt)
-                    conn.execute(
-                        "INSERT INTO openonce_schema VALUES (%s, %s)", (version, time.time())
-                    )
-        return SCHEMA_VERSION
+            cur.execute("SELECT pg_advisory_xact_lock(hashtext('openonce_schema'))")
+            schema.apply(cur, "postgres")
+        return schema.SCHEMA_VERSION
 
     def schema_version(self) -> int:
         with self.pool.connection() as conn:
             exists = conn.execute("SELECT to_regclass('openonce_schema')").fetchone()
-            return _version(conn) if exists and exists[0] else 0
+            return schema.current_version(conn.cursor()) if exists and exists[0] else 0
 
     # -- effects --------------------------------------------------------------------------
 
@@ -273,8 +260,3 @@ def _update_statement(fields: tuple[str, ...], with_approval: bool) -> str:
         f" n AS (SELECT pg_notify('{CHANNEL}', u.id) FROM u WHERE u.waiters > 0)"
         " SELECT count(*), (SELECT count(*) FROM n) FROM u"
     )
-
-
-def _version(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute("SELECT max(version) FROM openonce_schema").fetchone()
-    return (row[0] if row else 0) or 0

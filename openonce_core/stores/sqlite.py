@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ..errors import SchemaVersionError
+from .. import schema
 from ..records import Approval, Effect, JournalEntry
-from ..schema import SCHEMA_TABLE, SCHEMA_VERSION, migrations
 from . import sql
 from .base import WakeBoard, Watch
 
@@ -92,30 +90,18 @@ class SQLiteStore:
 
     def migrate(self) -> int:
         def work(conn: sqlite3.Connection) -> bool:
-            conn.execute(SCHEMA_TABLE["sqlite"])
-            current = _version(conn)
-            if current > SCHEMA_VERSION:
-                raise SchemaVersionError(
-                    f"ledger schema is version {current}; this OpenOnce knows {SCHEMA_VERSION}"
-                )
-            for version, statements in sorted(migrations("sqlite").items()):
-                if version > current:
-                    for stmt in statements:
-                        conn.execute(stmt)
-                    conn.execute(
-                        "INSERT INTO openonce_schema VALUES (?, ?)", (version, time.time())
-                    )
+            schema.apply(conn.cursor(), "sqlite")
             return True
 
         self._write(work)
-        return SCHEMA_VERSION
+        return schema.SCHEMA_VERSION
 
     def schema_version(self) -> int:
         conn = self._conn()
         exists = conn.execute(
             "SELECT 1 FROM sqlite_master WHERE name = 'openonce_schema'"
         ).fetchone()
-        return _version(conn) if exists else 0
+        return schema.current_version(conn.cursor()) if exists else 0
 
     # -- effects --------------------------------------------------------------------------
 
@@ -237,8 +223,3 @@ class SQLiteStore:
                 conn.close()
             self._all.clear()
         self._local = threading.local()
-
-
-def _version(conn: sqlite3.Connection) -> int:
-    row = conn.execute("SELECT max(version) FROM openonce_schema").fetchone()
-    return row[0] or 0

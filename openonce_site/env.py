@@ -1,0 +1,102 @@
+"""Strict readers of the environment: a malformed value stops start-up with a message
+that names the variable, instead of running with a silent default."""
+
+from __future__ import annotations
+
+import os
+
+from django.core.exceptions import ImproperlyConfigured
+
+_MISSING = object()
+
+
+def env_str(name: str, default: str | object = _MISSING) -> str:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        if default is _MISSING:
+            raise ImproperlyConfigured(f"set the environment variable {name}")
+        return str(default)
+    return value
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name}={value!r} is not a boolean (use true or false)")
+
+
+def env_float(name: str, default: float | None) -> float | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a number") from None
+    if number < 0:
+        raise ImproperlyConfigured(f"{name}={value!r} must not be negative")
+    return number
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a whole number") from None
+    if number < 0:
+        raise ImproperlyConfigured(f"{name}={value!r} must not be negative")
+    return number
+
+
+def env_list(name: str, default: list[str] | None = None) -> list[str]:
+    """Comma-separated values; empty items are ignored."""
+    value = os.environ.get(name)
+    if value is None:
+        return list(default or [])
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def database_from_url(url: str, base_dir: os.PathLike[str] | str) -> dict[str, object]:
+    """Django's DATABASES entry for the ledger: a SQLite path or a postgresql:// DSN."""
+    from urllib.parse import unquote, urlsplit
+
+    if url.startswith(("postgresql://", "postgres://")):
+        parts = urlsplit(url)
+        if not parts.path.strip("/"):
+            raise ImproperlyConfigured(f"OPENONCE_DATABASE {url!r} names no database")
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": unquote(parts.path.lstrip("/")),
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(parts.port or ""),
+            # psycopg 3's pool: connections are reused, never opened per request.
+            "OPTIONS": {"pool": {"min_size": 1, "max_size": 10}},
+        }
+    if "://" in url:
+        raise ImproperlyConfigured(
+            f"OPENONCE_DATABASE {url!r}: use a SQLite file path or a postgresql:// DSN"
+        )
+    path = url if os.path.isabs(url) else os.path.join(base_dir, url)
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": path,
+        "OPTIONS": {
+            # WAL and a busy timeout so the console, the reconciler loop and agents can
+            # share the embedded ledger file.
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;",
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+        },
+        "TEST": {"NAME": os.path.join(base_dir, "test-openonce.db")},
+    }

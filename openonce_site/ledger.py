@@ -1,0 +1,84 @@
+"""The ledger as the Django side uses it: one OpenOnce client and one Reconciler per
+process, opened on the same database as Django's ``default`` connection (which, under the
+test runner, is the test database).
+
+Console actions and reconciler tasks change effects only through these (DESIGN.md
+invariant 1); the ORM models in ``console.models`` are the read side.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from django.conf import settings
+from django.db import connections
+from psycopg.conninfo import make_conninfo
+
+from openonce_core import OpenOnce
+from openonce_core.reconcile import Reconciler
+from openonce_core.wiring import build_openonce, build_reconciler
+
+_lock = threading.Lock()
+_clients: dict[str, OpenOnce] = {}
+_reconcilers: dict[str, Reconciler] = {}
+
+
+def ledger_target(alias: str = "default") -> str:
+    """The core's target string for Django's database ``alias``."""
+    db = connections[alias].settings_dict
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        return str(db["NAME"])
+    return make_conninfo(
+        dbname=db["NAME"],
+        user=db.get("USER") or None,
+        password=db.get("PASSWORD") or None,
+        host=db.get("HOST") or None,
+        port=str(db.get("PORT") or "") or None,
+    )
+
+
+def get_openonce() -> OpenOnce:
+    target = ledger_target()
+    with _lock:
+        client = _clients.get(target)
+        if client is None:
+            client = _clients[target] = build_openonce(
+                target,
+                capability_files=settings.OPENONCE_CAPABILITY_FILES,
+                pins=settings.OPENONCE_PROVIDER_CAPABILITIES,
+                owner="console",
+            )
+        return client
+
+
+def get_reconciler() -> Reconciler:
+    target = ledger_target()
+    with _lock:
+        reconciler = _reconcilers.get(target)
+    if reconciler is None:
+        reconciler = build_reconciler(
+            get_openonce(),
+            probers=settings.OPENONCE_PROBERS,
+            require_provider_capability=settings.OPENONCE_REQUIRE_PROVIDER_CAPABILITY,
+            conformance_file=settings.OPENONCE_CONFORMANCE_FILE,
+            require_conformance=settings.OPENONCE_REQUIRE_CONFORMANCE,
+            grace_seconds=settings.OPENONCE_GRACE_SECONDS,
+            probe_timeout=settings.OPENONCE_PROBE_TIMEOUT or 30.0,
+            probe_retries=settings.OPENONCE_PROBE_RETRIES,
+            retry_backoff=settings.OPENONCE_PROBE_RETRY_BACKOFF or 5.0,
+            owner="daemon",
+        )
+        with _lock:
+            reconciler = _reconcilers.setdefault(target, reconciler)
+    return reconciler
+
+
+def reset() -> None:
+    """Forget cached clients (tests that change settings or databases call this)."""
+    with _lock:
+        for reconciler in _reconcilers.values():
+            reconciler.close()
+        for client in _clients.values():
+            client.close()
+        _reconcilers.clear()
+        _clients.clear()

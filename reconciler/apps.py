@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ReconcilerConfig(AppConfig):
+    name = "reconciler"
+    verbose_name = "OpenOnce reconciler"

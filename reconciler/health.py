@@ -1,0 +1,90 @@
+"""Health that does not lie: judged by sweeps recorded in the database.
+
+Unhealthy when no sweep started within twice the interval (beat or workers are down, or
+stalled after a broker reconnect), or when a sweep's batches have not all reported back
+within the task time limit (workers are not draining the queue).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from .models import Sweep
+from .sweep import oldest_unknown_age
+
+
+@dataclass
+class Health:
+    healthy: bool
+    reasons: list[str] = field(default_factory=list)
+    interval: float = 0.0
+    last_sweep_at: datetime | None = None
+    last_sweep_age: float | None = None
+    last_finished_at: datetime | None = None
+    oldest_unknown_age: float | None = None
+    last_sweep: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "healthy": self.healthy,
+            "reasons": self.reasons,
+            "interval_seconds": self.interval,
+            "last_sweep_at": self.last_sweep_at.isoformat() if self.last_sweep_at else None,
+            "last_sweep_age_seconds": self.last_sweep_age,
+            "last_finished_at": (
+                self.last_finished_at.isoformat() if self.last_finished_at else None
+            ),
+            "oldest_unknown_age_seconds": self.oldest_unknown_age,
+            "last_sweep": self.last_sweep,
+        }
+
+
+def reconciler_health(at: datetime | None = None) -> Health:
+    at = at or timezone.now()
+    interval = float(settings.OPENONCE_SWEEP_INTERVAL)
+    health = Health(healthy=True, interval=interval, oldest_unknown_age=oldest_unknown_age())
+    last = Sweep.objects.order_by("-started_at").first()
+    if last is None:
+        health.healthy = False
+        health.reasons.append("no sweep has run yet")
+        return health
+    health.last_sweep_at = last.started_at
+    health.last_sweep_age = (at - last.started_at).total_seconds()
+    health.last_sweep = {
+        "source": last.source,
+        "due": last.due,
+        "committed": last.committed,
+        "rearmed": last.rearmed,
+        "escalated": last.escalated,
+        "expired": last.expired,
+        "lost_races": last.lost_races,
+        "probes": {
+            "happened": last.probes_happened,
+            "not_happened": last.probes_not_happened,
+            "inconclusive": last.probes_inconclusive,
+            "error": last.probe_errors,
+        },
+        "batches": f"{last.batches_done}/{last.batches}",
+    }
+    finished = Sweep.objects.filter(finished_at__isnull=False).order_by("-finished_at").first()
+    health.last_finished_at = finished.finished_at if finished else None
+    if health.last_sweep_age > 2 * interval:
+        health.healthy = False
+        health.reasons.append(
+            f"last sweep started {health.last_sweep_age:.0f}s ago; sweeps run every"
+            f" {interval:g}s (beat or workers stopped)"
+        )
+    limit = timedelta(seconds=2 * interval + settings.CELERY_TASK_TIME_LIMIT)
+    stuck = Sweep.objects.filter(finished_at__isnull=True, started_at__lt=at - limit).first()
+    if stuck is not None:
+        health.healthy = False
+        health.reasons.append(
+            f"sweep {stuck.pk} from {stuck.started_at:%H:%M:%S} has {stuck.batches_done}/"
+            f"{stuck.batches} batches done (workers are not draining the queue)"
+        )
+    return health

@@ -1,0 +1,86 @@
+"""One sweep, the same code path for Celery beat and for ``manage.py reconcile``.
+
+A sweep selects due effects (STARTED with an expired lease, UNKNOWN past grace), splits
+them into batches and reconciles each batch — inline, or on Celery workers. Selection
+writes nothing; every decision is a fenced transition in the core, so overlapping ticks,
+two beats, a redelivered task or two workers on one batch are harmless: each effect is
+resolved once, the losers count a lost race.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from django.conf import settings
+from django.db.models import F, Min
+from django.utils import timezone
+
+from console.models import Effect
+from openonce_core.reconcile import ReconcileReport
+from openonce_site.ledger import get_reconciler
+
+from .models import Sweep
+
+Dispatch = Callable[[list[str], int], None]
+
+
+def sweep(source: str, dispatch: Dispatch | None = None) -> Sweep:
+    """Select what is due now and reconcile it; ``dispatch`` hands batches to workers."""
+    reconciler = get_reconciler()
+    started = timezone.now()
+    due_ids = [e.id for e in reconciler.due(limit=settings.OPENONCE_SWEEP_LIMIT)]
+    batches = list(_chunks(due_ids, max(1, settings.OPENONCE_SWEEP_BATCH)))
+    record = Sweep.objects.create(
+        source=source,
+        started_at=started,
+        due=len(due_ids),
+        batches=len(batches),
+        oldest_unknown_age=oldest_unknown_age(),
+        finished_at=None if batches else started,
+    )
+    for batch in batches:
+        if dispatch is None:
+            run_batch(batch, record.pk)
+        else:
+            dispatch(batch, record.pk)
+    return record
+
+
+def run_batch(effect_ids: list[str], sweep_id: int | None) -> ReconcileReport:
+    report = get_reconciler().reconcile_ids(effect_ids)
+    if sweep_id is not None:
+        record_report(sweep_id, report)
+    return report
+
+
+def record_report(sweep_id: int, report: ReconcileReport) -> None:
+    outcomes = report.outcomes
+    Sweep.objects.filter(pk=sweep_id).update(
+        batches_done=F("batches_done") + 1,
+        expired=F("expired") + len(report.expired),
+        committed=F("committed") + len(report.committed),
+        rearmed=F("rearmed") + len(report.rearmed),
+        escalated=F("escalated") + len(report.escalated),
+        retried=F("retried") + len(report.retried),
+        lost_races=F("lost_races") + report.lost_races,
+        probes_happened=F("probes_happened") + outcomes.get("happened", 0),
+        probes_not_happened=F("probes_not_happened") + outcomes.get("not_happened", 0),
+        probes_inconclusive=F("probes_inconclusive") + outcomes.get("inconclusive", 0),
+        probe_errors=F("probe_errors") + outcomes.get("error", 0),
+    )
+    # The batch that completes the sweep stamps it; a redelivered batch counts again,
+    # which can only make a sweep look finished sooner, never hide a stalled one.
+    Sweep.objects.filter(
+        pk=sweep_id, finished_at__isnull=True, batches_done__gte=F("batches")
+    ).update(finished_at=timezone.now())
+
+
+def oldest_unknown_age() -> float | None:
+    oldest = Effect.objects.filter(state="unknown").aggregate(at=Min("updated_at"))["at"]
+    return None if oldest is None else max(0.0, time.time() - oldest)
+
+
+def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
