@@ -151,12 +151,25 @@ class Reconciler:
         found = self.store.expired_leases(at, limit)
         room = limit - len(found)
         if room > 0:
-            found += [
-                effect
-                for effect in self.store.due_unknown(at - self._min_grace(), room)
-                if self._is_due(effect, at)
-            ]
+            found += self._due_unknown(at, room)
         return found
+
+    def _due_unknown(self, at: float, limit: int) -> list[Effect]:
+        """UNKNOWN effects past their own grace (or probe backoff), oldest first.
+
+        Grace differs per tool, so the oldest rows may still be waiting while younger
+        rows of a tool without grace are due: page on until ``limit`` are found, so
+        effects in grace never starve due ones."""
+        found: list[Effect] = []
+        after: tuple[float, str] | None = None
+        page = max(limit, 100)
+        while len(found) < limit:
+            rows = self.store.due_unknown(at - self._min_grace(), page, after)
+            found += [e for e in rows if self._is_due(e, at)]
+            if len(rows) < page:
+                break
+            after = (rows[-1].updated_at, rows[-1].id)
+        return found[:limit]
 
     def run_once(self, limit: int = 500) -> ReconcileReport:
         report = ReconcileReport()
@@ -276,7 +289,9 @@ class Reconciler:
             result = self._pool.submit(call, effect).result(timeout=self.probe_timeout)
         except concurrent.futures.TimeoutError:
             return _inconclusive(f"probe timed out after {self.probe_timeout:g}s", error=True)
-        except Exception as exc:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # CancelledError too: one prober must not end a sweep
             detail = f"prober raised {type(exc).__name__}: {exc}"[:500]
             return _inconclusive(detail, error=True)
         if not isinstance(result, ProbeResult) or not isinstance(result.outcome, ProbeOutcome):

@@ -18,7 +18,9 @@ def new_effect_id() -> str:
     return "eff_" + uuid.uuid4().hex
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen only because a frozen __init__ costs more than the rest of a SQLite replay;
+# the core never mutates an Effect, it builds a new one with dataclasses.replace.
+@dataclass(slots=True)
 class Effect:
     id: str
     tool: str

@@ -105,6 +105,9 @@ class _Spec:
     lease_seconds: float
     wait_seconds: float
     is_async: bool
+    # Parameter names when every parameter is plain (positional-or-keyword): such calls
+    # are bound without inspect.Signature.bind, which costs more than the rest of a replay.
+    plain_names: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +237,7 @@ class OpenOnce:
             lease_seconds=lease_seconds if lease_seconds is not None else self.lease_seconds,
             wait_seconds=wait_seconds if wait_seconds is not None else self.wait_seconds,
             is_async=_is_async(fn),
+            plain_names=_plain_names(signature),
         )
         if spec.is_async:
 
@@ -272,20 +276,18 @@ class OpenOnce:
     # -- keys -----------------------------------------------------------------------------
 
     def _prepare(self, spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
-        try:
-            bound = spec.signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise InvalidArgumentsError("$", str(exc)) from None
-        bound.apply_defaults()
-        arguments = dict(bound.arguments)
-        for name, param in spec.signature.parameters.items():
-            if param.kind is inspect.Parameter.VAR_POSITIONAL:
-                arguments[name] = list(arguments[name])
-        check_json(arguments)
-        stored = {
-            name: secret_digest(value, self.secret_pepper) if name in spec.secret_fields else value
-            for name, value in arguments.items()
-        }
+        arguments = _bind(spec, args, kwargs)
+        derived_from_all = spec.idempotency_key is None and spec.idempotency_fields is None
+        if not derived_from_all:
+            check_json(arguments)  # else the key-material check below covers every argument
+        stored = arguments
+        if spec.secret_fields:
+            stored = {
+                name: secret_digest(value, self.secret_pepper)
+                if name in spec.secret_fields
+                else value
+                for name, value in arguments.items()
+            }
         secrets = tuple(
             str(arguments[name]) for name in spec.secret_fields if arguments[name] not in ("", None)
         )
@@ -303,10 +305,14 @@ class OpenOnce:
                 f"{spec.tool}: a key derived from arguments needs a run scope;"
                 " wrap the calls in `with oo.scope():` (or pass idempotency_key=)"
             )
-        fields = spec.idempotency_fields or tuple(arguments)
         # Checked on the clear values, so a float stays refused even in a secret field.
-        check_json({f: arguments[f] for f in fields}, key_material=True)
-        digest = _sha256(canonical({f: stored[f] for f in fields}))
+        if derived_from_all:
+            check_json(arguments, key_material=True)
+            digest = _sha256(canonical(stored))
+        else:
+            fields = spec.idempotency_fields or ()
+            check_json({f: arguments[f] for f in fields}, key_material=True)
+            digest = _sha256(canonical({f: stored[f] for f in fields}))
         key = _sha256(f"{scope}\0{digest}")
         full = "sha256:" + (
             digest if spec.idempotency_fields is None else _sha256(canonical(stored))
@@ -1050,6 +1056,33 @@ def _scrub(text: str, secrets: tuple[str, ...]) -> str:
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _plain_names(signature: inspect.Signature) -> tuple[str, ...] | None:
+    params = signature.parameters.values()
+    if all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return tuple(signature.parameters)
+    return None
+
+
+def _bind(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments by name, defaults applied; ``*args`` become a list."""
+    names = spec.plain_names
+    if names is not None and len(args) + len(kwargs) == len(names) and len(args) <= len(names):
+        arguments = dict(zip(names, args, strict=False))
+        if all(k in names and k not in arguments for k in kwargs):
+            arguments.update(kwargs)
+            return arguments
+    try:
+        bound = spec.signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise InvalidArgumentsError("$", str(exc)) from None
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    for name, param in spec.signature.parameters.items():
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            arguments[name] = list(arguments[name])
+    return arguments
 
 
 def _tool_name(fn: Callable[..., Any]) -> str:

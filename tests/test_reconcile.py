@@ -10,6 +10,7 @@ the report: the reconciler resolves with evidence, never by running the handler 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -158,7 +159,12 @@ class Fixed:
         hang: threading.Event | None = None,
         returns: Any = BOUND,
     ) -> None:
-        self.outcome, self.receipt, self.reference, self.detail = outcome, receipt, reference, detail
+        self.outcome, self.receipt, self.reference, self.detail = (
+            outcome,
+            receipt,
+            reference,
+            detail,
+        )
         self.raises, self.hang, self.returns = raises, hang, returns
         self.calls: list[str] = []
 
@@ -228,9 +234,7 @@ def resolution_lines(oo: OpenOnce, effect_id: str) -> list[Any]:
 # -- expired leases -----------------------------------------------------------------------
 
 
-def test_expired_lease_becomes_unknown_is_not_decided_in_that_sweep_and_never_reruns(
-    oo, make_rec
-):
+def test_expired_lease_becomes_unknown_is_not_decided_in_that_sweep_and_never_reruns(oo, make_rec):
     provider: dict[str, dict[str, Any]] = {}
     calls: list[int] = []
     release = threading.Event()
@@ -308,7 +312,15 @@ def test_expire_leases_and_the_reconciler_agree_on_what_is_due(oo, make_rec):
         release.wait(10)
         raise TimeoutError
 
-    worker = threading.Thread(target=lambda: pytest.raises(Exception, ship, "p1"))
+    outcome: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            ship("p1")
+        except BaseException as exc:
+            outcome["exc"] = exc
+
+    worker = threading.Thread(target=run)
     worker.start()
     try:
         rec = make_rec()
@@ -318,12 +330,14 @@ def test_expire_leases_and_the_reconciler_agree_on_what_is_due(oo, make_rec):
         [due] = rec.due()
         assert oo.expire_leases() == [due.id]
         assert oo.get(due.id).state == S.UNKNOWN
-        report = rec.run_once()  # the reconciler lost nothing and expires nothing twice
-        assert report.expired == []
+        report = rec.run_once()  # nothing is expired twice; without a prober, a person decides
+        assert report.expired == [] and report.escalated == [due.id]
         assert len([j for j in oo.journal(due.id) if j.to_state == S.UNKNOWN]) == 1
     finally:
         release.set()
         worker.join(10)
+    assert isinstance(outcome.get("exc"), LeaseLostError)
+    assert oo.get(due.id).state == S.HUMAN_REVIEW
 
 
 # -- grace windows ------------------------------------------------------------------------
@@ -568,7 +582,9 @@ def test_not_happened_rearms_only_where_the_capability_trusts_a_miss(
 
 
 def test_a_pin_on_openonce_reaches_the_reconciler(store, make_rec):
-    pinned = OpenOnce(store, retry_delay=0, provider_capabilities={"email.send": "email_provider_api"})
+    pinned = OpenOnce(
+        store, retry_delay=0, provider_capabilities={"email.send": "email_provider_api"}
+    )
     world = World(pinned)
     effect_id = world.unknown("email.send", mode="before")
     rec = make_rec(pinned)
@@ -617,6 +633,22 @@ def test_a_probe_that_says_nothing_goes_to_a_person_with_the_reason(world, make_
     with pytest.raises(OutcomeUnknownError):
         world.again("stripe.charge")
     assert world.calls == [("stripe.charge", 1)]
+
+
+def test_a_prober_raising_cancelled_error_goes_to_a_person_and_the_sweep_goes_on(world, make_rec):
+    # An asyncio-based prober whose task was cancelled raises CancelledError, a
+    # BaseException. It is still "a prober that raised": no observation of the effect.
+    # It must not abort the sweep (nor kill a --watch daemon) with the rest undecided.
+    first = world.unknown("stripe.charge", order="o1")
+    second = world.unknown("stripe.charge", order="o2")
+    prober = Fixed(raises=asyncio.CancelledError("probe task cancelled"))
+    rec = make_rec()
+    rec.register("stripe.charge", prober)
+    report = rec.run_once()
+    assert prober.calls == [first, second]
+    assert report.escalated == [first, second]
+    for effect_id in (first, second):
+        assert_escalated(world.oo, effect_id, "prober raised CancelledError")
 
 
 def test_two_probers_that_disagree_send_every_observation_to_a_person(world, make_rec):
@@ -779,9 +811,7 @@ def _second_store(store: Store, request: pytest.FixtureRequest) -> Store:
     return store  # in memory: the same store is the only shared ledger there is
 
 
-def test_two_reconcilers_racing_resolve_every_effect_exactly_once(
-    store, world, make_rec, request
-):
+def test_two_reconcilers_racing_resolve_every_effect_exactly_once(store, world, make_rec, request):
     count = 500
     ids = [world.unknown("stripe.charge", order=f"o{i}") for i in range(count)]
     other = _second_store(store, request)
@@ -839,6 +869,32 @@ def test_two_reconcilers_racing_resolve_every_effect_exactly_once(
     finally:
         if other is not store:
             other.close()
+
+
+def test_a_sweep_leaves_decided_and_unstarted_effects_alone(world, make_rec):
+    oo = world.oo
+    escalated = world.unknown("stripe.charge", order="o1")
+    first = make_rec()
+    first.register("stripe.charge", Fixed(INCONCLUSIVE, detail="index lags writes"))
+    assert first.run_once().escalated == [escalated]
+    rearmed = world.unknown("stripe.charge", order="o2")
+    oo.resolve_not_happened(rearmed, by="eric", reason="not in the dashboard")
+    world.script.append("ok")
+    with oo.scope("run-1"):
+        world.charge("o3", 500)
+    committed = oo.store.find("stripe.charge", "o3")
+    assert committed is not None
+    journals = {i: len(oo.journal(i)) for i in (escalated, rearmed, committed.id)}
+
+    says_yes = Fixed(HAPPENED, receipt={"stripe_id": "pi_x"})
+    rec = make_rec()
+    rec.register("stripe.charge", says_yes)
+    for _ in range(3):
+        report = rec.run_once()
+        assert report.resolved == 0 and report.expired == [] and report.waiting == 0
+    assert says_yes.calls == []
+    assert [oo.get(i).state for i in journals] == [S.HUMAN_REVIEW, S.PLANNED, S.COMMITTED]
+    assert {i: len(oo.journal(i)) for i in journals} == journals
 
 
 # -- reconcile_ids ------------------------------------------------------------------------

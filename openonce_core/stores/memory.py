@@ -100,11 +100,15 @@ class InMemoryStore:
         ]
         return sorted(rows, key=lambda e: e.lease_expires_at or 0)[:limit]
 
-    def due_unknown(self, before: float, limit: int = 100) -> list[Effect]:
+    def due_unknown(
+        self, before: float, limit: int = 100, after: tuple[float, str] | None = None
+    ) -> list[Effect]:
         rows = [
             e
             for e in self._effects.values()
-            if e.state == EffectState.UNKNOWN and e.updated_at <= before
+            if e.state == EffectState.UNKNOWN
+            and e.updated_at <= before
+            and (after is None or (e.updated_at, e.id) > after)
         ]
         return sorted(rows, key=lambda e: (e.updated_at, e.id))[:limit]
 

@@ -4,6 +4,10 @@ Every ledger change is a single statement in autocommit mode: the effect row, it
 line (and approval) are written by one statement with data-modifying CTEs, which Postgres
 runs atomically. That keeps a change to one round trip and one commit, like the raw limit.
 
+Each thread keeps the pool connection (and one cursor) it first borrowed until it ends or
+the store closes: the hot path neither opens a connection nor pays a pool check-out per
+statement. The pool bounds how many there are and replaces broken ones.
+
 Duplicates waiting on an in-flight effect LISTEN on one channel. A waiter first bumps the
 effect's ``waiters`` count; a change to an effect with waiters sends ``pg_notify`` in the
 same statement, delivered at commit. Effects nobody waits on pay nothing for it.
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -27,8 +32,8 @@ from .base import WakeBoard, Watch
 CHANNEL = "openonce_effects"
 _JOURNAL_VALUES = "%(j_at)s, %(j_from)s, %(j_to)s, %(j_actor)s, %(j_reason)s, %(j_evidence)s"
 _INSERT = (
-    f"WITH e AS (INSERT INTO openonce_effects ({', '.join(sql.COLUMNS)})"
-    f" VALUES ({', '.join('%s' for _ in sql.COLUMNS)})"
+    f"WITH e AS (INSERT INTO openonce_effects ({', '.join(sql.NEW_COLUMNS)})"
+    f" VALUES ({', '.join('%s' for _ in sql.NEW_COLUMNS)})"
     " ON CONFLICT (tool, idempotency_key) WHERE state <> 'released' DO NOTHING RETURNING id)"
     f" INSERT INTO openonce_journal ({sql.JOURNAL_COLUMNS})"
     " SELECT e.id, %s, %s, %s, %s, %s, %s FROM e RETURNING seq"
@@ -40,6 +45,27 @@ _FIND = (
 )
 
 
+class _Pinned:
+    """A pool connection held by one thread, returned to the pool when the thread ends."""
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self.pool = pool
+        self.conn = pool.getconn()
+        self.cur = self.conn.cursor()
+        self._finalizer = weakref.finalize(self, _give_back, pool, self.conn, self.cur)
+
+    def release(self) -> None:
+        self._finalizer()
+
+
+def _give_back(pool: ConnectionPool, conn: psycopg.Connection[Any], cur: Any) -> None:
+    try:
+        cur.close()
+        pool.putconn(conn)  # a broken connection is discarded and replaced by the pool
+    except Exception:
+        pass  # the pool is closed already
+
+
 class PostgresStore:
     dialect = "postgres"
 
@@ -48,7 +74,7 @@ class PostgresStore:
         dsn: str,
         *,
         min_size: int = 1,
-        max_size: int = 10,
+        max_size: int = 32,
         pool: ConnectionPool | None = None,
     ) -> None:
         self.dsn = dsn
@@ -61,11 +87,34 @@ class PostgresStore:
             name="openonce",
         )
         self.board = WakeBoard()
+        self._local = threading.local()
+        self._pinned: weakref.WeakSet[_Pinned] = weakref.WeakSet()
         self._update_sql: dict[tuple[str, ...], str] = {}
         self._listener: threading.Thread | None = None
         self._listener_ready = threading.Event()
         self._listener_lock = threading.Lock()
         self._closing = False
+
+    def _execute(self, query: str, params: Any) -> Any:
+        """Run one autocommit statement on this thread's connection; returns the cursor."""
+        pinned: _Pinned | None = getattr(self._local, "pinned", None)
+        if pinned is None or pinned.conn.closed:
+            pinned = self._local.pinned = _Pinned(self.pool)
+            self._pinned.add(pinned)
+        try:
+            return pinned.cur.execute(query, params)
+        except psycopg.OperationalError:
+            # The connection is gone; give it back for the pool to replace, and let the
+            # caller see the error (a write may or may not have committed).
+            self._local.pinned = None
+            pinned.release()
+            raise
+
+    def _one(self, query: str, params: Any) -> Any:
+        return self._execute(query, params).fetchone()
+
+    def _all(self, query: str, params: Any) -> list[Any]:
+        return list(self._execute(query, params).fetchall())
 
     # -- schema ---------------------------------------------------------------------------
 
@@ -84,19 +133,16 @@ class PostgresStore:
     # -- effects --------------------------------------------------------------------------
 
     def get(self, effect_id: str) -> Effect | None:
-        with self.pool.connection() as conn:
-            row = conn.execute(_GET, (effect_id,)).fetchone()
+        row = self._one(_GET, (effect_id,))
         return sql.effect_from_row(row) if row else None
 
     def find(self, tool: str, idempotency_key: str) -> Effect | None:
-        with self.pool.connection() as conn:
-            row = conn.execute(_FIND, (tool, idempotency_key)).fetchone()
+        row = self._one(_FIND, (tool, idempotency_key))
         return sql.effect_from_row(row) if row else None
 
     def insert(self, effect: Effect, entry: JournalEntry) -> bool:
-        params = sql.effect_row(effect) + sql.journal_row(entry)[1:]
-        with self.pool.connection() as conn:
-            return conn.execute(_INSERT, params).fetchone() is not None
+        params = sql.new_effect_row(effect) + sql.journal_row(entry)[1:]
+        return self._one(_INSERT, params) is not None
 
     def update(
         self,
@@ -133,72 +179,69 @@ class PostgresStore:
                 a_at=a_at,
                 a_expires=expires,
             )
-        with self.pool.connection() as conn:
-            row = conn.execute(stmt, params).fetchone()
+        row = self._one(stmt, params)
         done = bool(row and row[0])
         if done:
             self.board.wake(effect_id)
         return done
 
     def append_journal(self, entry: JournalEntry) -> None:
-        with self.pool.connection() as conn:
-            conn.execute(
-                f"INSERT INTO openonce_journal ({sql.JOURNAL_COLUMNS})"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                sql.journal_row(entry),
-            )
+        self._execute(
+            f"INSERT INTO openonce_journal ({sql.JOURNAL_COLUMNS})"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            sql.journal_row(entry),
+        )
 
     def journal(self, effect_id: str) -> list[JournalEntry]:
-        with self.pool.connection() as conn:
-            rows = conn.execute(
-                f"SELECT seq, {sql.JOURNAL_COLUMNS} FROM openonce_journal"
-                " WHERE effect_id = %s ORDER BY seq",
-                (effect_id,),
-            ).fetchall()
+        rows = self._all(
+            f"SELECT seq, {sql.JOURNAL_COLUMNS} FROM openonce_journal"
+            " WHERE effect_id = %s ORDER BY seq",
+            (effect_id,),
+        )
         return [sql.journal_from_row(r) for r in rows]
 
     def approvals(self, effect_id: str) -> list[Approval]:
-        with self.pool.connection() as conn:
-            rows = conn.execute(
-                f"SELECT {sql.APPROVAL_COLUMNS} FROM openonce_approvals"
-                " WHERE effect_id = %s ORDER BY id",
-                (effect_id,),
-            ).fetchall()
+        rows = self._all(
+            f"SELECT {sql.APPROVAL_COLUMNS} FROM openonce_approvals"
+            " WHERE effect_id = %s ORDER BY id",
+            (effect_id,),
+        )
         return [sql.approval_from_row(r) for r in rows]
 
     def list_effects(self, states: Iterable[str] | None = None, limit: int = 100) -> list[Effect]:
-        with self.pool.connection() as conn:
-            if states is None:
-                rows = conn.execute(
-                    f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
-                    " ORDER BY created_at, id LIMIT %s",
-                    (limit,),
-                ).fetchall()
-            else:
-                rows = conn.execute(
-                    f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
-                    " WHERE state = ANY(%s) ORDER BY created_at, id LIMIT %s",
-                    ([str(s) for s in states], limit),
-                ).fetchall()
+        if states is None:
+            rows = self._all(
+                f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
+                " ORDER BY created_at, id LIMIT %s",
+                (limit,),
+            )
+        else:
+            rows = self._all(
+                f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
+                " WHERE state = ANY(%s) ORDER BY created_at, id LIMIT %s",
+                ([str(s) for s in states], limit),
+            )
         return [sql.effect_from_row(r) for r in rows]
 
     def expired_leases(self, at: float, limit: int = 100) -> list[Effect]:
-        with self.pool.connection() as conn:
-            rows = conn.execute(
-                f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
-                " WHERE state = 'started' AND lease_expires_at <= %s"
-                " ORDER BY lease_expires_at LIMIT %s",
-                (at, limit),
-            ).fetchall()
+        rows = self._all(
+            f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
+            " WHERE state = 'started' AND lease_expires_at <= %s"
+            " ORDER BY lease_expires_at LIMIT %s",
+            (at, limit),
+        )
         return [sql.effect_from_row(r) for r in rows]
 
-    def due_unknown(self, before: float, limit: int = 100) -> list[Effect]:
-        with self.pool.connection() as conn:
-            rows = conn.execute(
-                f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
-                " WHERE state = 'unknown' AND updated_at <= %s ORDER BY updated_at, id LIMIT %s",
-                (before, limit),
-            ).fetchall()
+    def due_unknown(
+        self, before: float, limit: int = 100, after: tuple[float, str] | None = None
+    ) -> list[Effect]:
+        start = after or (float("-inf"), "")
+        rows = self._all(
+            f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
+            " WHERE state = 'unknown' AND updated_at <= %s AND (updated_at, id) > (%s, %s)"
+            " ORDER BY updated_at, id LIMIT %s",
+            (before, start[0], start[1], limit),
+        )
         return [sql.effect_from_row(r) for r in rows]
 
     # -- waiting for another process's commit -----------------------------------------------
@@ -206,11 +249,10 @@ class PostgresStore:
     def watch(self, effect_id: str) -> Watch:
         self._ensure_listener()
         watch = Watch(self.board, effect_id, poll=1.0)  # poll only as a safety net
-        with self.pool.connection() as conn:
-            # After this commits, every change to the effect notifies (see module docstring).
-            conn.execute(
-                "UPDATE openonce_effects SET waiters = waiters + 1 WHERE id = %s", (effect_id,)
-            )
+        # After this commits, every change to the effect notifies (see module docstring).
+        self._execute(
+            "UPDATE openonce_effects SET waiters = waiters + 1 WHERE id = %s", (effect_id,)
+        )
         return watch
 
     def _ensure_listener(self) -> None:
@@ -238,6 +280,8 @@ class PostgresStore:
 
     def close(self) -> None:
         self._closing = True
+        for pinned in list(self._pinned):
+            pinned.release()
         self.pool.close()
 
 

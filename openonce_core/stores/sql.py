@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -38,6 +39,23 @@ FIELDS = [
 ]
 
 
+# What a newly claimed effect can carry; evidence and outcomes only arrive by update, so
+# the claim's INSERT leaves them to their NULL defaults (fewer parameters on the hot path).
+NEW_FIELDS = [
+    f
+    for f in FIELDS
+    if f
+    not in (
+        "execution_status", "execution_evidence", "verification_status",
+        "verification_evidence", "result", "error",
+    )
+]  # fmt: skip
+
+
+# Rows are turned into Effects positionally: the two orders must agree.
+assert [f.name for f in dataclasses.fields(Effect)] == FIELDS
+
+
 def column(field: str) -> str:
     return field + "_json" if field in JSON_FIELDS else field
 
@@ -60,13 +78,27 @@ def effect_row(effect: Effect) -> list[Any]:
     return [to_db(f, getattr(effect, f)) for f in FIELDS]
 
 
+def new_effect_row(effect: Effect) -> list[Any]:
+    return [to_db(f, getattr(effect, f)) for f in NEW_FIELDS]
+
+
+NEW_COLUMNS = [column(f) for f in NEW_FIELDS]
+
+
+_JSON_POSITIONS = frozenset(i for i, f in enumerate(FIELDS) if f in JSON_FIELDS)
+_STATE_POSITION = FIELDS.index("state")
+_loads = json.loads
+_STATES = {str(s): s for s in EffectState}
+
+
 def effect_from_row(row: Any) -> Effect:
-    values = dict(zip(FIELDS, row, strict=True))
-    for f in JSON_FIELDS:
-        raw = values[f]
-        values[f] = json.loads(raw) if raw is not None else None
-    values["state"] = EffectState(values["state"])
-    return Effect(**values)
+    # On every replay: positional, no intermediate dict.
+    values = [
+        (_loads(v) if v is not None else None) if i in _JSON_POSITIONS else v
+        for i, v in enumerate(row)
+    ]
+    values[_STATE_POSITION] = _STATES[str(values[_STATE_POSITION])]
+    return Effect(*values)  # type: ignore[arg-type]
 
 
 def journal_row(entry: JournalEntry) -> list[Any]:

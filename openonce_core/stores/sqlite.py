@@ -19,8 +19,8 @@ from . import sql
 from .base import WakeBoard, Watch
 
 _INSERT_EFFECT = (
-    f"INSERT INTO openonce_effects ({', '.join(sql.COLUMNS)})"
-    f" VALUES ({', '.join('?' * len(sql.COLUMNS))})"
+    f"INSERT INTO openonce_effects ({', '.join(sql.NEW_COLUMNS)})"
+    f" VALUES ({', '.join('?' * len(sql.NEW_COLUMNS))})"
     " ON CONFLICT (tool, idempotency_key) WHERE state <> 'released' DO NOTHING"
 )
 _INSERT_JOURNAL = f"INSERT INTO openonce_journal ({sql.JOURNAL_COLUMNS}) VALUES (?,?,?,?,?,?,?)"
@@ -115,7 +115,7 @@ class SQLiteStore:
 
     def insert(self, effect: Effect, entry: JournalEntry) -> bool:
         def work(conn: sqlite3.Connection) -> bool:
-            if conn.execute(_INSERT_EFFECT, sql.effect_row(effect)).rowcount != 1:
+            if conn.execute(_INSERT_EFFECT, sql.new_effect_row(effect)).rowcount != 1:
                 return False
             conn.execute(_INSERT_JOURNAL, sql.journal_row(entry))
             return True
@@ -206,11 +206,15 @@ class SQLiteStore:
         )
         return [sql.effect_from_row(r) for r in rows]
 
-    def due_unknown(self, before: float, limit: int = 100) -> list[Effect]:
+    def due_unknown(
+        self, before: float, limit: int = 100, after: tuple[float, str] | None = None
+    ) -> list[Effect]:
+        start = after or (float("-inf"), "")
         rows = self._conn().execute(
             f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
-            " WHERE state = 'unknown' AND updated_at <= ? ORDER BY updated_at, id LIMIT ?",
-            (before, limit),
+            " WHERE state = 'unknown' AND updated_at <= ? AND (updated_at, id) > (?, ?)"
+            " ORDER BY updated_at, id LIMIT ?",
+            (before, start[0], start[1], limit),
         )
         return [sql.effect_from_row(r) for r in rows]
 

@@ -8,4 +8,4 @@ from .base import *  # noqa: F403
 from .base import SECRET_KEY
 
 DEBUG = env_bool("OPENONCE_DEBUG", True)
-SECRET_KEY = SECRET_KEY or "dev-only-insecure-key-never-use-in-production"  # noqa: S105
+SECRET_KEY = SECRET_KEY or "dev-only-insecure-key-never-use-in-production"

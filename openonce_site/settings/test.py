@@ -5,6 +5,6 @@ from __future__ import annotations
 from .base import *  # noqa: F403
 from .base import SECRET_KEY
 
-SECRET_KEY = SECRET_KEY or "test-only-insecure-key"  # noqa: S105
+SECRET_KEY = SECRET_KEY or "test-only-insecure-key"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 OPENONCE_PROBE_RETRY_BACKOFF = 0.2
