@@ -12,6 +12,7 @@
     ├── ReceiptContractError         the handler's receipt breaks it: held for a person
     ├── EffectNotFoundError          no effect has that id
     ├── IllegalTransitionError       the effect's state does not allow that call
+    │   └── EffectChangedError       it changed since the decision was prepared
     ├── ApprovalPending              the call needs approval; retry the same call later
     │   └── ApprovalExpired          an approval expired before the call ran (fail closed)
     ├── ApprovalDenied               a person denied it; the call never runs
@@ -104,6 +105,19 @@ class IllegalTransitionError(OpenOnceError):
         self.state = state
         msg = f"cannot {action} effect {effect_id}: it is {state}"
         super().__init__(msg + (f" ({allowed})" if allowed else ""))
+
+
+class EffectChangedError(IllegalTransitionError):
+    """The effect moved since the person looked at it; nothing was applied. Look again."""
+
+    def __init__(self, effect_id: str, state: str) -> None:
+        OpenOnceError.__init__(
+            self,
+            f"effect {effect_id} changed since you looked at it (now {state}); nothing was"
+            " applied — reload and decide again",
+        )
+        self.effect_id = effect_id
+        self.state = state
 
 
 class ApprovalPending(OpenOnceError):

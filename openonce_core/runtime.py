@@ -34,6 +34,7 @@ from .errors import (
     ApprovalPending,
     ApproverAlreadyCounted,
     EffectCancelled,
+    EffectChangedError,
     EffectFailed,
     EffectInFlightError,
     EffectNotFoundError,
@@ -743,12 +744,14 @@ class OpenOnce:
         self.expire_leases()
         return self.store.list_effects(NEEDS_HUMAN, limit)
 
-    def approve(self, effect_id: str, *, by: str, reason: str = "") -> Effect:
+    def approve(
+        self, effect_id: str, *, by: str, reason: str = "", expected_fence: int | None = None
+    ) -> Effect:
         """Count ``by``'s approval; the effect becomes APPROVED once enough distinct people
         approved. The approval is bound to the arguments' fingerprint."""
         _require_text("by", by)
         while True:
-            effect = self._load(effect_id, (S.REQUIRES_APPROVAL,), "approve")
+            effect = self._load(effect_id, (S.REQUIRES_APPROVAL,), "approve", expected_fence)
             approvers = self._valid_approvers(effect)
             if by in approvers:
                 raise ApproverAlreadyCounted(effect_id, by)
@@ -777,23 +780,29 @@ class OpenOnce:
             ):
                 return self.get(effect_id)
 
-    def deny(self, effect_id: str, *, by: str, reason: str) -> Effect:
+    def deny(
+        self, effect_id: str, *, by: str, reason: str, expected_fence: int | None = None
+    ) -> Effect:
         _require_text("by", by)
         _require_text("reason", reason)
         while True:
-            effect = self._load(effect_id, (S.REQUIRES_APPROVAL, S.APPROVED), "deny")
+            effect = self._load(
+                effect_id, (S.REQUIRES_APPROVAL, S.APPROVED), "deny", expected_fence
+            )
             approval = Approval(effect_id, "deny", by, reason, effect.args_fingerprint)
             if self._move(
                 effect, S.DENIED, "deny", actor=f"operator:{by}", reason=reason, approval=approval
             ):
                 return self.get(effect_id)
 
-    def cancel(self, effect_id: str, *, by: str, reason: str) -> Effect:
+    def cancel(
+        self, effect_id: str, *, by: str, reason: str, expected_fence: int | None = None
+    ) -> Effect:
         """Give up an effect that has not started; its calls then raise EffectCancelled."""
         _require_text("by", by)
         _require_text("reason", reason)
         while True:
-            effect = self._load(effect_id, tuple(NOT_STARTED), "cancel")
+            effect = self._load(effect_id, tuple(NOT_STARTED), "cancel", expected_fence)
             if self._move(effect, S.CANCELLED, "cancel", actor=f"operator:{by}", reason=reason):
                 return self.get(effect_id)
 
@@ -821,6 +830,7 @@ class OpenOnce:
         reason: str = "",
         require_receipt_contract: bool | None = None,
         require_provider_capability: bool | None = None,
+        expected_fence: int | None = None,
     ) -> Effect:
         """A person found the effect happened: commit ``receipt``; duplicates replay it.
 
@@ -829,7 +839,9 @@ class OpenOnce:
         _require_text("by", by)
         receipt = _check_receipt(receipt)
         while True:
-            effect = self._load(effect_id, (S.UNKNOWN, S.HUMAN_REVIEW), "resolve as happened")
+            effect = self._load(
+                effect_id, (S.UNKNOWN, S.HUMAN_REVIEW), "resolve as happened", expected_fence
+            )
             problems = self._receipt_contract_problems(
                 effect.tool, receipt, effect.args, required=require_receipt_contract,
                 require_capability=require_provider_capability,
@@ -863,6 +875,8 @@ class OpenOnce:
         reason: str,
         require_auto_rearm: bool = False,
         require_provider_capability: bool = False,
+        override_auto_rearm: bool = False,
+        expected_fence: int | None = None,
     ) -> Effect:
         """A person found the effect did not happen: re-arm it so the next identical call
         runs. ``reason`` is required: there is no receipt, so it is the evidence.
@@ -872,20 +886,26 @@ class OpenOnce:
         _require_text("by", by)
         _require_text("reason", reason)
         while True:
-            effect = self._load(effect_id, (S.UNKNOWN, S.HUMAN_REVIEW), "resolve as not happened")
+            effect = self._load(
+                effect_id, (S.UNKNOWN, S.HUMAN_REVIEW), "resolve as not happened", expected_fence
+            )
             capabilities = self.capabilities_for(effect.tool)
             if require_provider_capability and not capabilities:
                 raise ProviderContractError(
                     f"no provider capability is known for {effect.tool}; not re-armed"
                 )
             pin = self.provider_capabilities.get(effect.tool)
+            evidence: dict[str, Any] = {"resolution": "not_happened", "by": by}
             if require_auto_rearm and not self.matrix.can_auto_rearm(effect.tool, pin):
                 names = ", ".join(c.name for c in capabilities) or "no known capability"
-                raise ProviderContractError(
-                    f"{effect.tool} is not safe to re-arm on a miss ({names}); resolve it"
-                    " with a receipt, or re-arm without require_auto_rearm and say why"
-                )
-            evidence = {"resolution": "not_happened", "by": by}
+                if not override_auto_rearm:
+                    raise ProviderContractError(
+                        f"{effect.tool} is not safe to re-arm on a miss ({names}); resolve it"
+                        " with a receipt, or re-arm with an explicit override and say why"
+                    )
+                # A person with the right to do so overrode the provider matrix: keep
+                # that fact in the journal beside the reason.
+                evidence["override"] = f"re-armed although a miss is not evidence for {names}"
             changes = {
                 "verification_status": "absent_by_person",
                 "verification_evidence": _with_observations(effect, evidence, reason),
@@ -924,8 +944,19 @@ class OpenOnce:
 
     # -- plumbing -------------------------------------------------------------------------
 
-    def _load(self, effect_id: str, allowed: tuple[EffectState, ...], action: str) -> Effect:
+    def _load(
+        self,
+        effect_id: str,
+        allowed: tuple[EffectState, ...],
+        action: str,
+        expected_fence: int | None = None,
+    ) -> Effect:
+        """The effect, if ``action`` is legal now. ``expected_fence`` pins the version a
+        person looked at: a decision made on a stale page (or a bulk action on a set that
+        changed since it was counted) is refused instead of applied to something else."""
         effect = self.get(effect_id)
+        if expected_fence is not None and effect.fence != expected_fence:
+            raise EffectChangedError(effect_id, effect.state)
         if effect.state == S.STARTED and _lease_expired(effect, now()):
             self._expire_lease(effect)
             effect = self.get(effect_id)
