@@ -30,3 +30,5 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_AGE = 8 * 3600  # a working day
+# The load balancer's health check speaks plain HTTP inside the network.
+SECURE_REDIRECT_EXEMPT = [r"^health/$"]
