@@ -151,15 +151,16 @@ class Capability:
         del semantic["risk"]
         return _fingerprint(semantic)
 
-    def guidance(self) -> str:
-        """What an operator needs when an UNKNOWN effect of this capability has no prober."""
+    def guidance(self, *, prober_registered: bool = False) -> str:
+        """What an operator needs to resolve an UNKNOWN effect of this capability by hand
+        (and, when no prober was registered, which one would have done it)."""
         lines = [f"provider capability {self.name} ({self.tier})"]
-        if self.prober:
+        if not prober_registered and self.prober:
             lines.append(
                 f"missing prober: register {self.prober} for this tool"
                 f" (Reconciler.register(tool, prober, capability={self.name!r}))"
             )
-        else:
+        elif not prober_registered:
             lines.append("missing prober: none is known for this capability; check by hand")
         lines.append(f"probe basis: {self.probe_basis}")
         lines.append(f"miss semantics: {self.miss_semantics}")

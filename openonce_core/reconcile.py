@@ -230,7 +230,7 @@ class Reconciler:
             return
         probers = self._probers.get(effect.tool)
         capabilities = self.matrix.resolve(effect.tool, self._pins.get(effect.tool))
-        guidance = _guidance(effect.tool, capabilities)
+        guidance = _guidance(effect.tool, capabilities, bool(probers))
         if not probers:
             self._escalate(effect, report, "no prober registered for " + effect.tool, guidance)
             return
@@ -481,10 +481,10 @@ def _observation(result: ProbeResult, attempt: int) -> dict[str, Any]:
     return doc
 
 
-def _guidance(tool: str, capabilities: list[Capability]) -> str:
+def _guidance(tool: str, capabilities: list[Capability], prober_registered: bool) -> str:
     if not capabilities:
         return (
             f"no provider capability is known for {tool}: check the provider by hand, then"
             " resolve-happened with its receipt or resolve-not-happened with a reason"
         )
-    return "\n\n".join(c.guidance() for c in capabilities)
+    return "\n\n".join(c.guidance(prober_registered=prober_registered) for c in capabilities)

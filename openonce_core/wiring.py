@@ -5,6 +5,8 @@ daemon enforces exactly the provider knowledge that passed CI."""
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -24,6 +26,9 @@ def load_object(ref: str) -> Any:
     module_name, sep, name = ref.partition(":")
     if not sep or not module_name or not name:
         raise WiringError(f"{ref!r} is not of the form package.module:NAME")
+    # Like celery and gunicorn: the working directory's modules are importable.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
