@@ -28,7 +28,15 @@ demo: venv
 	@echo
 	@echo "Look closer:  $(VENV)/bin/openonce --db demo.db show <effect id>"
 
-test: venv
+# The browser tests drive Debian's Chromium; nothing downloads a browser.
+/usr/bin/chromium:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else \
+	  echo "The browser tests need Debian's Chromium: sudo apt-get install chromium"; exit 1; \
+	fi
+
+test: venv /usr/bin/chromium
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	OPENONCE_TEST_PG=$(PG_TEST_DSN) OPENONCE_DATABASE=$(PG_TEST_DSN) $(PY) -m pytest -q
