@@ -13,6 +13,8 @@ from typing import Any
 
 from django.db import models
 
+from .roles import PERMISSIONS
+
 
 def _when(ts: float | None) -> datetime | None:
     return datetime.fromtimestamp(ts, UTC) if ts is not None else None
@@ -61,6 +63,10 @@ class Effect(ReadOnlyModel):
     class Meta:
         managed = False
         db_table = "openonce_effects"
+        # Rows change only through the core, so Django's add/change/delete permissions
+        # would mean nothing; the console's own permissions say what a person may decide.
+        default_permissions = ()
+        permissions = list(PERMISSIONS.items())
 
     @property
     def args(self) -> Any:
@@ -111,6 +117,7 @@ class JournalEntry(ReadOnlyModel):
         managed = False
         db_table = "openonce_journal"
         ordering = ["seq"]
+        default_permissions = ()
 
     @property
     def evidence(self) -> Any:
@@ -137,6 +144,7 @@ class Approval(ReadOnlyModel):
         managed = False
         db_table = "openonce_approvals"
         ordering = ["id"]
+        default_permissions = ()
 
     @property
     def when(self) -> datetime | None:

@@ -1,15 +1,419 @@
-"""Console views. Until the operator console lands, only the machine-readable health."""
+"""Console views: parse the request, call a selector or the core, render.
+
+One view serves a page and its fragment (``page.html#fragment`` for htmx). Every view
+checks its permission; decisions are POST-only, CSRF-checked, pinned to the fence the
+page showed, and refused inline when the core says no. An effect id that names no effect
+is a 404 for everyone allowed to look.
+"""
 
 from __future__ import annotations
 
-from django.http import HttpRequest, JsonResponse
-from django.views.decorators.http import require_GET
+import time
+from dataclasses import dataclass
+from typing import Any
 
-from reconciler.health import reconciler_health
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import BadRequest, ValidationError
+from django.forms import Form
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.cache import patch_vary_headers
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
+from django_htmx.middleware import HtmxDetails
+
+from . import actions, exports, selectors
+from .access import deny, permission_required, require
+from .forms import BULK_ACTIONS, BULK_DONE, BulkApplyForm, BulkPreviewForm, EffectFilterForm
+from .models import Effect
+from .roles import APPROVE, CANCEL, EXPORT_AUDIT, OVERRIDE_REARM, RESOLVE, VIEW
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+QUEUE_LABELS = {
+    "requires_approval": "Awaiting approval",
+    "human_review": "In human review",
+    "unknown": "UNKNOWN past grace",
+}
+
+
+# -- machine-readable health (for load balancers; no ledger data, no sign-in) ------------
 
 
 @require_GET
 def health(request: HttpRequest) -> JsonResponse:
     """For load balancers and monitors: 200 when sweeps progress, 503 when they stopped."""
-    report = reconciler_health()
+    report = selectors.health()
     return JsonResponse(report.to_json(), status=200 if report.healthy else 503)
+
+
+# -- sign-in ------------------------------------------------------------------------------
+
+_login_view = auth_views.LoginView.as_view(
+    template_name="registration/login.html", redirect_authenticated_user=True
+)
+
+
+def sign_in(request: HtmxHttpRequest) -> HttpResponse:
+    if request.htmx:
+        # A poll or a form sent after the session ended was redirected here: load the
+        # sign-in page as a whole page instead of inside a fragment.
+        return HttpResponseClientRedirect(request.get_full_path())
+    return _login_view(request)
+
+
+# -- the human queue ----------------------------------------------------------------------
+
+
+@require_GET
+@login_required
+@permission_required(VIEW)
+def queue(request: HtmxHttpRequest) -> HttpResponse:
+    kind = request.GET.get("kind", "")
+    if kind not in selectors.QUEUE_KINDS:
+        kind = ""
+    found = selectors.human_queue(kind or None)
+    context: dict[str, Any] = {
+        "queue": found,
+        "kind": kind,
+        "kinds": [(k, QUEUE_LABELS[k], found.counts[k]) for k in selectors.QUEUE_KINDS],
+        "labels": QUEUE_LABELS,
+    }
+    if not _wants_fragment(request):
+        context["health"] = selectors.health()  # the panel polls on its own
+    return _render(request, "console/queue.html", "queue-table", context)
+
+
+# -- effects ------------------------------------------------------------------------------
+
+
+@require_GET
+@login_required
+@permission_required(VIEW)
+def effect_list(request: HtmxHttpRequest) -> HttpResponse:
+    form = EffectFilterForm(request.GET)
+    page = selectors.EffectPage([], None)
+    status = 400
+    if form.is_valid():
+        page = selectors.effect_page(form.to_filter(), after=form.cleaned_data["after"])
+        status = 200
+    context = {
+        "form": form,
+        "page": page,
+        "filter_params": form.params(),
+        "bulk_actions": [
+            (name, label)
+            for name, label in BULK_ACTIONS.items()
+            if request.user.has_perm(actions.ACTIONS[name].perm)
+        ],
+    }
+    return _render(request, "console/effects.html", "effect-results", context, status)
+
+
+@require_GET
+@login_required
+@permission_required(VIEW)
+def effect_detail(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
+    effect = _get_effect_or_404(effect_id)
+    return render(request, "console/effect.html", _detail_context(request, effect))
+
+
+@require_POST
+@login_required
+@permission_required(APPROVE)
+def approve(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
+    return _decide(request, effect_id, "approve")
+
+
+@require_POST
+@login_required
+@permission_required(APPROVE)
+def deny_effect(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
+    return _decide(request, effect_id, "deny")
+
+
+@require_POST
+@login_required
+@permission_required(RESOLVE)
+def resolve_happened(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
+    return _decide(request, effect_id, "resolve-happened")
+
+
+@require_POST
+@login_required
+@permission_required(RESOLVE)
+def resolve_not_happened(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
+    if request.POST.get("override") and not request.user.has_perm(OVERRIDE_REARM):
+        deny(request, OVERRIDE_REARM)
+    return _decide(request, effect_id, "resolve-not-happened")
+
+
+@require_POST
+@login_required
+@permission_required(CANCEL)
+def cancel(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
+    return _decide(request, effect_id, "cancel")
+
+
+@require_GET
+@login_required
+@permission_required(VIEW)
+def effect_journal_export(request: HttpRequest, effect_id: str, fmt: str) -> HttpResponse:
+    effect = _get_effect_or_404(effect_id)
+    entries = selectors.journal(effect.id)
+    filename = f"{effect.id}-journal.{fmt}"
+    if fmt == "csv":
+        return exports.csv_response(entries, filename)
+    return exports.json_response(
+        entries, filename, effect_id=effect.id, tool=effect.tool, state=effect.state
+    )
+
+
+# -- bulk decisions on a filter -----------------------------------------------------------
+
+
+@require_GET
+@login_required
+@permission_required(VIEW)
+def bulk_preview(request: HtmxHttpRequest) -> HttpResponse:
+    """Count what a bulk action on the filter would touch, and seal exactly that set."""
+    form = BulkPreviewForm(request.GET)
+    if not form.is_valid():
+        return render(request, "console/bulk.html", {"form": form}, status=400)
+    name = form.cleaned_data["action"]
+    action = actions.ACTIONS[name]
+    require(request, action.perm)
+    found = selectors.bulk_candidates(form.to_filter(), action.states)
+    too_many = len(found) > selectors.BULK_LIMIT
+    effects = found[: selectors.BULK_LIMIT]
+    apply_form = None
+    if effects and not too_many:
+        token = actions.sign_bulk(name, request.user.pk, effects)
+        apply_form = BulkApplyForm(initial={"token": token})
+    context = {
+        "form": form,
+        "action": action,
+        "done_verb": BULK_DONE[name],
+        "effects": effects,
+        "too_many": too_many,
+        "limit": selectors.BULK_LIMIT,
+        "apply_form": apply_form,
+        "filter_params": form.params(),
+    }
+    return render(request, "console/bulk.html", context)
+
+
+@require_POST
+@login_required
+@permission_required(VIEW)
+def bulk_apply(request: HtmxHttpRequest) -> HttpResponse:
+    """Apply the sealed set effect by effect; an effect that changed since it was counted
+    is skipped (its fence moved), not decided on a state nobody looked at."""
+    form = BulkApplyForm(request.POST)
+    name: str | None = None
+    pairs: list[tuple[str, int]] = []
+    if form.is_valid():
+        try:
+            name, pairs = actions.read_bulk(form.cleaned_data["token"], request.user.pk)
+        except ValidationError as exc:
+            form.add_error(None, exc)
+    action = actions.ACTIONS[name] if name else None
+    if action is not None:
+        require(request, action.perm)
+        if action.name != "approve" and not form.cleaned_data.get("reason"):
+            form.add_error("reason", "A reason is required: it is the evidence the journal keeps.")
+    if action is None or form.errors:
+        context = {
+            "action": action,
+            "done_verb": BULK_DONE.get(name or "", ""),
+            "apply_form": form,
+            "pending_ids": [i for i, _ in pairs],
+        }
+        return _render(request, "console/bulk.html", "bulk", context, status=400)
+    results = actions.apply_bulk(
+        action.name, pairs, request.user.get_username(), form.cleaned_data["reason"]
+    )
+    totals = {
+        o: sum(1 for r in results if r.outcome == o) for o in ("applied", "skipped", "refused")
+    }
+    context = {"action": action, "results": results, "totals": totals}
+    return _render(request, "console/bulk.html", "bulk", context)
+
+
+# -- provider knowledge, reconciler health, audit -----------------------------------------
+
+
+@require_GET
+@login_required
+@permission_required(VIEW)
+def capabilities(request: HttpRequest) -> HttpResponse:
+    context = {"rows": selectors.capability_matrix(), "health": selectors.health()}
+    return render(request, "console/capabilities.html", context)
+
+
+@require_GET
+@login_required
+@permission_required(VIEW)
+def reconciler_panel(request: HtmxHttpRequest) -> HttpResponse:
+    context = {"health": selectors.health()}
+    return _render(request, "console/reconciler.html", "health-panel", context)
+
+
+@require_GET
+@login_required
+@permission_required(EXPORT_AUDIT)
+def audit(request: HtmxHttpRequest) -> HttpResponse:
+    before = _int_param(request, "before")
+    entries = selectors.audit_log(before, selectors.AUDIT_PAGE)
+    next_before = entries[-1].seq if len(entries) == selectors.AUDIT_PAGE else None
+    context = {"entries": entries, "next_before": next_before, "before": before}
+    return _render(request, "console/audit.html", "audit-rows", context)
+
+
+@require_GET
+@login_required
+@permission_required(EXPORT_AUDIT)
+def audit_export(request: HttpRequest, fmt: str) -> HttpResponse:
+    before = _int_param(request, "before")
+    entries = selectors.audit_log(before, selectors.EXPORT_LIMIT)
+    next_before = entries[-1].seq if len(entries) == selectors.EXPORT_LIMIT else None
+    if fmt == "csv":
+        response = exports.csv_response(entries, "openonce-operator-audit.csv")
+        if next_before is not None:
+            response["X-OpenOnce-Next-Before"] = str(next_before)
+        return response
+    return exports.json_response(entries, "openonce-operator-audit.json", next_before=next_before)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _get_effect_or_404(effect_id: str) -> Effect:
+    """Every effect is visible to whoever may read the ledger; an id that names none is a
+    404 (the same answer a hidden one would get, so ids cannot be probed)."""
+    effect = selectors.effect(effect_id)
+    if effect is None:
+        raise Http404("no effect with that id")
+    return effect
+
+
+@dataclass(frozen=True)
+class ActionForm:
+    """One decision form as the detail page shows it."""
+
+    action: actions.Action
+    form: Form
+    url: str
+
+
+def _action_form(
+    request: HttpRequest, action: actions.Action, effect: Effect, data: Any = None
+) -> ActionForm:
+    kwargs: dict[str, Any] = {"initial": {"fence": effect.fence}}
+    if action.name == "resolve-not-happened":
+        # Offered only where it is needed, to whoever may use it.
+        may_override = request.user.has_perm(OVERRIDE_REARM)
+        kwargs["can_override"] = may_override and not selectors.miss_may_rearm(effect.tool)
+    form = action.form_class(data, **kwargs)
+    url = reverse(action.name, kwargs={"effect_id": effect.id})
+    return ActionForm(action, form, url)
+
+
+def _decide(request: HtmxHttpRequest, effect_id: str, name: str) -> HttpResponse:
+    action = actions.ACTIONS[name]
+    effect = _get_effect_or_404(effect_id)
+    item = _action_form(request, action, effect, request.POST)
+    if not item.form.is_valid():
+        return _refused(request, effect, item, status=400)
+    username = request.user.get_username()
+    try:
+        actions.decide(name, effect.id, username, item.form.cleaned_data)
+    except actions.DECISION_ERRORS as exc:
+        item.form.add_error(None, str(exc))
+        return _refused(request, effect, item, status=409)
+    notice = f"{action.label}: done, journaled as operator:{username}."
+    if request.htmx:
+        # The effect changed as a whole (state, fence, journal): replace all of it.
+        fresh = _get_effect_or_404(effect.id)
+        context = _detail_context(request, fresh, notice=notice)
+        response = render(request, "console/effect.html#effect", context)
+        return reswap(retarget(response, "#effect"), "outerHTML")
+    messages.success(request, notice)
+    return redirect("effect", effect_id=effect.id)
+
+
+def _refused(
+    request: HtmxHttpRequest, effect: Effect, item: ActionForm, status: int
+) -> HttpResponse:
+    """The form again, with what was typed and why it was refused; nothing changed."""
+    if request.htmx:
+        return render(request, "console/effect.html#action", {"item": item}, status=status)
+    context = _detail_context(request, effect, failed=item)
+    return render(request, "console/effect.html", context, status=status)
+
+
+def _detail_context(
+    request: HttpRequest, effect: Effect, failed: ActionForm | None = None, notice: str = ""
+) -> dict[str, Any]:
+    offered = []
+    for action in actions.ACTIONS.values():
+        if failed is not None and failed.action is action:
+            offered.append(failed)
+        elif effect.state in action.states and request.user.has_perm(action.perm):
+            offered.append(_action_form(request, action, effect))
+    approvals = selectors.approvals(effect.id)
+    at = time.time()
+    valid = {
+        a.decided_by
+        for a in approvals
+        if a.decision == "approve"
+        and a.args_fingerprint == effect.args_fingerprint
+        and (a.expires_at is None or a.expires_at > at)
+    }
+    args = effect.args
+    return {
+        "effect": effect,
+        # A list, not the dict: a template would read ``args.items`` as an argument
+        # named "items" if a tool had one.
+        "arguments": list(args.items()) if isinstance(args, dict) else [("(all)", args)],
+        "journal": selectors.journal(effect.id),
+        "approvals": approvals,
+        "valid_approvals": len(valid),
+        "capabilities": selectors.capabilities_for(effect.tool),
+        "actions": offered,
+        "notice": notice,
+    }
+
+
+def _render(
+    request: HtmxHttpRequest,
+    template: str,
+    fragment: str,
+    context: dict[str, Any],
+    status: int = 200,
+) -> HttpResponse:
+    name = f"{template}#{fragment}" if _wants_fragment(request) else template
+    response = render(request, name, context, status=status)
+    # Page and fragment share a URL: caches must keep them apart.
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+def _wants_fragment(request: HtmxHttpRequest) -> bool:
+    # A history restore asks for the whole page even though htmx sends it.
+    return bool(request.htmx) and not request.htmx.history_restore_request
+
+
+def _int_param(request: HttpRequest, name: str) -> int | None:
+    value = request.GET.get(name, "")
+    if not value:
+        return None
+    if not value.isdigit():
+        raise BadRequest(f"{name} must be a whole number")
+    return int(value)

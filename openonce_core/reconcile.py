@@ -19,7 +19,9 @@ loser's write matches no row, it counts the race and moves on.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,6 +120,7 @@ class Reconciler:
         self.probe_retries = probe_retries
         self.retry_backoff = retry_backoff
         self.actor = owner if ":" in owner else f"reconciler:{owner}"
+        self._claimer = f"{self.actor}#{uuid.uuid4().hex[:8]}"
         self._probers: dict[str, list[AnyProber]] = {}
         # Pins of tool -> capability for tools that map to several (email.send).
         self._pins: dict[str, str] = dict(self.oo.provider_capabilities)
@@ -175,25 +178,42 @@ class Reconciler:
         report = ReconcileReport()
         at = now()
         for effect in self.due(limit, at):
-            self._reconcile(effect, report)
-        report.waiting = self._count_waiting(at)
+            self._reconcile(effect, report, at)
+        report.waiting = self.store.count([S.UNKNOWN])
         return report
 
-    def reconcile_ids(self, effect_ids: Iterable[str]) -> ReconcileReport:
-        """Re-read each effect and act on it if it is still due: a task delivered twice, or
-        an id another worker already resolved, is harmless."""
+    def claim_due(self, limit: int, owner: str, ttl: float) -> list[str]:
+        """For a dispatcher (the Celery tick): the ids of due effects, the UNKNOWN ones
+        claimed for ``owner`` during ``ttl`` seconds so that the next tick does not hand
+        them out again while they wait in the queue. If the worker that gets them dies,
+        the claim lapses and a later tick hands them out anew."""
+        at = now()
+        due = self.due(limit, at)
+        expired = [e.id for e in due if e.state == S.STARTED]
+        unknown = [e.id for e in due if e.state == S.UNKNOWN]
+        return expired + self.store.claim(unknown, owner, at + ttl, at)
+
+    def reconcile_ids(
+        self, effect_ids: Iterable[str], dispatched_by: str | None = None
+    ) -> ReconcileReport:
+        """Re-read the effects and act on those still due: a task delivered twice, or an
+        id another worker already resolved, is harmless. ``dispatched_by`` is the claim
+        the dispatcher took for this batch."""
         report = ReconcileReport()
         at = now()
-        for effect_id in effect_ids:
-            effect = self.store.get(effect_id)
-            if effect is not None and self._is_due(effect, at):
-                self._reconcile(effect, report)
+        for effect in self.store.get_many(list(effect_ids)):
+            if self._is_due(effect, at, dispatched_by):
+                self._reconcile(effect, report, at, dispatched_by)
         return report
 
-    def _is_due(self, effect: Effect, at: float) -> bool:
+    def _is_due(self, effect: Effect, at: float, claimed_by: str | None = None) -> bool:
         if effect.state == S.STARTED:
             return effect.lease_expires_at is not None and effect.lease_expires_at <= at
-        return effect.state == S.UNKNOWN and at >= effect.updated_at + self._pause(effect)
+        if effect.state != S.UNKNOWN or at < effect.updated_at + self._pause(effect):
+            return False
+        # Someone else is probing it (or has it queued): leave it to them.
+        claimed = effect.lease_expires_at is not None and effect.lease_expires_at > at
+        return not claimed or (claimed_by is not None and effect.lease_owner == claimed_by)
 
     def _pause(self, effect: Effect) -> float:
         """How long after its last change an UNKNOWN effect waits: its grace window, or the
@@ -201,10 +221,6 @@ class Reconciler:
         errors = _probe_errors(effect)
         backoff = self.retry_backoff * 2 ** (errors - 1) if errors else 0.0
         return max(self.grace_for(effect.tool), backoff)
-
-    def _count_waiting(self, at: float) -> int:
-        young = self.store.due_unknown(at + 1e9, 10_000)
-        return sum(1 for e in young if not self._is_due(e, at))
 
     def grace_for(self, tool: str) -> float:
         if tool in self.grace_overrides:
@@ -221,7 +237,13 @@ class Reconciler:
 
     # -- one effect -----------------------------------------------------------------------
 
-    def _reconcile(self, effect: Effect, report: ReconcileReport) -> None:
+    def _reconcile(
+        self,
+        effect: Effect,
+        report: ReconcileReport,
+        at: float,
+        dispatched_by: str | None = None,
+    ) -> None:
         if effect.state == S.STARTED:
             if self.oo._expire_lease(effect):
                 report.expired.append(effect.id)
@@ -229,6 +251,18 @@ class Reconciler:
                 report.lost_races += 1
             return
         probers = self._probers.get(effect.tool)
+        # Claim it before probing, so two reconcilers (or a batch delivered twice) do
+        # not both ask the provider; the claim bumps the fence our decision is made on.
+        until = at + self.probe_timeout * max(1, len(probers or ())) + 5
+        if not self.store.claim(
+            [effect.id], self._claimer, until, at,
+            steal_from=dispatched_by, expect_fence=effect.fence,
+        ):  # fmt: skip
+            report.lost_races += 1
+            return
+        effect = dataclasses.replace(
+            effect, fence=effect.fence + 1, lease_owner=self._claimer, lease_expires_at=until
+        )
         capabilities = self.matrix.resolve(effect.tool, self._pins.get(effect.tool))
         guidance = _guidance(effect.tool, capabilities, bool(probers))
         if not probers:

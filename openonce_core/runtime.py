@@ -983,7 +983,14 @@ class OpenOnce:
         if not is_legal(effect.state, state):
             raise IllegalTransitionError(effect.id, effect.state, action)
         at = at or now()
-        all_changes: dict[str, Any] = {"state": state, "fence": effect.fence + 1, "updated_at": at}
+        # Every decision also ends any lease or probe claim on the effect.
+        all_changes: dict[str, Any] = {
+            "state": state,
+            "fence": effect.fence + 1,
+            "updated_at": at,
+            "lease_owner": None,
+            "lease_expires_at": None,
+        }
         all_changes.update(changes or {})
         entry = JournalEntry(effect.id, effect.state, state, actor, reason, evidence, at)
         return self.store.update(

@@ -3,6 +3,7 @@ that names the variable, instead of running with a silent default."""
 
 from __future__ import annotations
 
+import math
 import os
 
 from django.core.exceptions import ImproperlyConfigured
@@ -31,7 +32,9 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name}={value!r} is not a boolean (use true or false)")
 
 
-def env_float(name: str, default: float | None) -> float | None:
+def env_float(name: str, default: float | None, *, positive: bool = False) -> float | None:
+    """A finite number, never negative; ``positive`` also refuses zero (an interval of 0
+    is not "as fast as possible", it is a mistake)."""
     value = os.environ.get(name)
     if value is None or value == "":
         return default
@@ -39,12 +42,16 @@ def env_float(name: str, default: float | None) -> float | None:
         number = float(value)
     except ValueError:
         raise ImproperlyConfigured(f"{name}={value!r} is not a number") from None
-    if number < 0:
-        raise ImproperlyConfigured(f"{name}={value!r} must not be negative")
+    if not math.isfinite(number):
+        raise ImproperlyConfigured(f"{name}={value!r} must be a finite number")
+    if number < 0 or (positive and number == 0):
+        raise ImproperlyConfigured(
+            f"{name}={value!r} must be {'positive' if positive else 'zero or more'}"
+        )
     return number
 
 
-def env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
     value = os.environ.get(name)
     if value is None or value == "":
         return default
@@ -52,8 +59,8 @@ def env_int(name: str, default: int) -> int:
         number = int(value)
     except ValueError:
         raise ImproperlyConfigured(f"{name}={value!r} is not a whole number") from None
-    if number < 0:
-        raise ImproperlyConfigured(f"{name}={value!r} must not be negative")
+    if number < minimum:
+        raise ImproperlyConfigured(f"{name}={value!r} must be at least {minimum}")
     return number
 
 

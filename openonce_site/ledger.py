@@ -63,9 +63,9 @@ def get_reconciler() -> Reconciler:
             conformance_file=settings.OPENONCE_CONFORMANCE_FILE,
             require_conformance=settings.OPENONCE_REQUIRE_CONFORMANCE,
             grace_seconds=settings.OPENONCE_GRACE_SECONDS,
-            probe_timeout=settings.OPENONCE_PROBE_TIMEOUT or 30.0,
+            probe_timeout=settings.OPENONCE_PROBE_TIMEOUT,
             probe_retries=settings.OPENONCE_PROBE_RETRIES,
-            retry_backoff=settings.OPENONCE_PROBE_RETRY_BACKOFF or 5.0,
+            retry_backoff=settings.OPENONCE_PROBE_RETRY_BACKOFF,
             owner="daemon",
         )
         with _lock:

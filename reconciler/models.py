@@ -15,6 +15,11 @@ class Sweep(models.Model):
 
     source = models.CharField(max_length=10, choices=SOURCES)
     started_at = models.DateTimeField()
+    # Seconds until the next sweep is expected (null: OPENONCE_SWEEP_INTERVAL).
+    interval = models.FloatField(null=True)
+    # When a batch of this sweep last reported back: workers progressing, even when the
+    # next tick is stuck in the queue behind a backlog.
+    last_batch_at = models.DateTimeField(null=True)
     # Set when the last batch of this sweep reported back; null while work is pending.
     finished_at = models.DateTimeField(null=True)
     due = models.IntegerField(default=0)

@@ -25,30 +25,45 @@ from .models import Sweep
 Dispatch = Callable[[list[str], int], None]
 
 
-def sweep(source: str, dispatch: Dispatch | None = None) -> Sweep:
-    """Select what is due now and reconcile it; ``dispatch`` hands batches to workers."""
+def sweep(source: str, dispatch: Dispatch | None = None, interval: float | None = None) -> Sweep:
+    """Select what is due now and reconcile it; ``dispatch`` hands batches to workers.
+
+    The due UNKNOWN effects are claimed for this sweep (for OPENONCE_DISPATCH_TTL
+    seconds), so the next tick does not queue them again while they wait for a worker;
+    if the worker dies, the claim lapses and a later tick hands them out anew."""
     reconciler = get_reconciler()
-    started = timezone.now()
-    due_ids = [e.id for e in reconciler.due(limit=settings.OPENONCE_SWEEP_LIMIT)]
-    batches = list(_chunks(due_ids, max(1, settings.OPENONCE_SWEEP_BATCH)))
     record = Sweep.objects.create(
         source=source,
-        started_at=started,
+        started_at=timezone.now(),
+        interval=interval or settings.OPENONCE_SWEEP_INTERVAL,
+        oldest_unknown_age=oldest_unknown_age(),
+    )
+    owner = claim_owner(record.pk)
+    due_ids = reconciler.claim_due(
+        settings.OPENONCE_SWEEP_LIMIT, owner, settings.OPENONCE_DISPATCH_TTL
+    )
+    batches = list(_chunks(due_ids, settings.OPENONCE_SWEEP_BATCH))
+    Sweep.objects.filter(pk=record.pk).update(
         due=len(due_ids),
         batches=len(batches),
-        oldest_unknown_age=oldest_unknown_age(),
-        finished_at=None if batches else started,
+        finished_at=None if batches else record.started_at,
     )
     for batch in batches:
         if dispatch is None:
             run_batch(batch, record.pk)
         else:
             dispatch(batch, record.pk)
+    record.refresh_from_db()
     return record
 
 
+def claim_owner(sweep_id: int) -> str:
+    return f"sweep:{sweep_id}"
+
+
 def run_batch(effect_ids: list[str], sweep_id: int | None) -> ReconcileReport:
-    report = get_reconciler().reconcile_ids(effect_ids)
+    owner = claim_owner(sweep_id) if sweep_id is not None else None
+    report = get_reconciler().reconcile_ids(effect_ids, dispatched_by=owner)
     if sweep_id is not None:
         record_report(sweep_id, report)
     return report
@@ -57,6 +72,7 @@ def run_batch(effect_ids: list[str], sweep_id: int | None) -> ReconcileReport:
 def record_report(sweep_id: int, report: ReconcileReport) -> None:
     outcomes = report.outcomes
     Sweep.objects.filter(pk=sweep_id).update(
+        last_batch_at=timezone.now(),
         batches_done=F("batches_done") + 1,
         expired=F("expired") + len(report.expired),
         committed=F("committed") + len(report.committed),

@@ -848,12 +848,14 @@ def test_two_reconcilers_racing_resolve_every_effect_exactly_once(store, world, 
         assert not set(a.committed) & set(b.committed)
         assert a.escalated == b.escalated == a.rearmed == b.rearmed == []
         for report, prober in zip((a, b), probers, strict=True):
-            # each effect a reconciler probed it either resolved or lost to the other
-            assert report.resolved + report.lost_races == len(prober.calls)
+            # a reconciler claims an effect before probing it: it probes only what it
+            # resolves, and the provider is never asked twice about one effect
+            assert report.resolved == len(prober.calls)
         assert a.resolved + b.resolved == count
-        # both read all 500 before either decided one: every effect was raced for
-        assert a.lost_races + b.lost_races == count
-        assert len(probers[0].calls) + len(probers[1].calls) >= count
+        # both read (nearly) all 500 before either decided one; an effect the other had
+        # already claimed when a reconciler listed the due ones is not even raced for
+        assert count - 10 <= a.lost_races + b.lost_races <= count
+        assert len(probers[0].calls) + len(probers[1].calls) == count
 
         committed_by = {eid: "reconciler:a" for eid in a.committed}
         committed_by.update({eid: "reconciler:b" for eid in b.committed})

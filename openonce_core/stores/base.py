@@ -40,6 +40,23 @@ class Store(Protocol):
     def due_unknown(
         self, before: float, limit: int = 100, after: tuple[float, str] | None = None
     ) -> list[Effect]: ...
+    def get_many(self, effect_ids: Sequence[str]) -> list[Effect]: ...
+    def count(self, states: Iterable[str]) -> int: ...
+    def claim(
+        self,
+        effect_ids: Sequence[str],
+        owner: str,
+        until: float,
+        at: float,
+        *,
+        steal_from: str | None = None,
+        expect_fence: int | None = None,
+    ) -> list[str]:
+        """Mark UNKNOWN effects as being probed by ``owner`` until ``until`` (bumping the
+        fence), unless someone else's claim is still live. Not a state change, so no
+        journal line. Returns the ids claimed."""
+        ...
+
     def watch(self, effect_id: str) -> Watch: ...
     def close(self) -> None: ...
 

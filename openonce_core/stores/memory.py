@@ -112,6 +112,40 @@ class InMemoryStore:
         ]
         return sorted(rows, key=lambda e: (e.updated_at, e.id))[:limit]
 
+    def get_many(self, effect_ids: Sequence[str]) -> list[Effect]:
+        return [e for e in (self._effects.get(i) for i in effect_ids) if e is not None]
+
+    def count(self, states: Iterable[str]) -> int:
+        wanted = set(states)
+        return sum(1 for e in self._effects.values() if e.state in wanted)
+
+    def claim(
+        self,
+        effect_ids: Sequence[str],
+        owner: str,
+        until: float,
+        at: float,
+        *,
+        steal_from: str | None = None,
+        expect_fence: int | None = None,
+    ) -> list[str]:
+        claimed = []
+        with self._lock:
+            for effect_id in effect_ids:
+                e = self._effects.get(effect_id)
+                if e is None or e.state != EffectState.UNKNOWN:
+                    continue
+                if expect_fence is not None and e.fence != expect_fence:
+                    continue
+                free = e.lease_expires_at is None or e.lease_expires_at <= at
+                if not free and (steal_from is None or e.lease_owner != steal_from):
+                    continue
+                self._effects[effect_id] = dataclasses.replace(
+                    e, lease_owner=owner, lease_expires_at=until, fence=e.fence + 1
+                )
+                claimed.append(effect_id)
+        return claimed
+
     def watch(self, effect_id: str) -> Watch:
         return Watch(self.board, effect_id)
 

@@ -244,6 +244,47 @@ class PostgresStore:
         )
         return [sql.effect_from_row(r) for r in rows]
 
+    def get_many(self, effect_ids: Sequence[str]) -> list[Effect]:
+        if not effect_ids:
+            return []
+        rows = self._all(
+            f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects WHERE id = ANY(%s)",
+            (list(effect_ids),),
+        )
+        return [sql.effect_from_row(r) for r in rows]
+
+    def count(self, states: Iterable[str]) -> int:
+        row = self._one(
+            "SELECT count(*) FROM openonce_effects WHERE state = ANY(%s)",
+            ([str(s) for s in states],),
+        )
+        return int(row[0])
+
+    def claim(
+        self,
+        effect_ids: Sequence[str],
+        owner: str,
+        until: float,
+        at: float,
+        *,
+        steal_from: str | None = None,
+        expect_fence: int | None = None,
+    ) -> list[str]:
+        if not effect_ids:
+            return []
+        rows = self._all(
+            "UPDATE openonce_effects SET lease_owner = %(owner)s, lease_expires_at = %(until)s,"
+            " fence = fence + 1 WHERE id = ANY(%(ids)s) AND state = 'unknown'"
+            " AND (lease_expires_at IS NULL OR lease_expires_at <= %(at)s"
+            "      OR lease_owner = %(steal)s)"
+            " AND (%(fence)s::bigint IS NULL OR fence = %(fence)s::bigint) RETURNING id",
+            {
+                "owner": owner, "until": until, "ids": list(effect_ids), "at": at,
+                "steal": steal_from, "fence": expect_fence,
+            },
+        )  # fmt: skip
+        return [r[0] for r in rows]
+
     # -- waiting for another process's commit -----------------------------------------------
 
     def watch(self, effect_id: str) -> Watch:

@@ -218,6 +218,58 @@ class SQLiteStore:
         )
         return [sql.effect_from_row(r) for r in rows]
 
+    def get_many(self, effect_ids: Sequence[str]) -> list[Effect]:
+        if not effect_ids:
+            return []
+        marks = ", ".join("?" * len(effect_ids))
+        rows = self._conn().execute(
+            f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects WHERE id IN ({marks})",
+            list(effect_ids),
+        )
+        return [sql.effect_from_row(r) for r in rows]
+
+    def count(self, states: Iterable[str]) -> int:
+        wanted = [str(s) for s in states]
+        marks = ", ".join("?" * len(wanted))
+        row = (
+            self._conn()
+            .execute(f"SELECT count(*) FROM openonce_effects WHERE state IN ({marks})", wanted)
+            .fetchone()
+        )
+        return int(row[0])
+
+    def claim(
+        self,
+        effect_ids: Sequence[str],
+        owner: str,
+        until: float,
+        at: float,
+        *,
+        steal_from: str | None = None,
+        expect_fence: int | None = None,
+    ) -> list[str]:
+        if not effect_ids:
+            return []
+        marks = ", ".join("?" * len(effect_ids))
+        fence = " AND fence = ?" if expect_fence is not None else ""
+        stmt = (
+            "UPDATE openonce_effects SET lease_owner = ?, lease_expires_at = ?,"
+            f" fence = fence + 1 WHERE id IN ({marks}) AND state = 'unknown'"
+            " AND (lease_expires_at IS NULL OR lease_expires_at <= ? OR lease_owner = ?)"
+            f"{fence} RETURNING id"
+        )
+        params: list[Any] = [owner, until, *effect_ids, at, steal_from]
+        if expect_fence is not None:
+            params.append(expect_fence)
+        claimed: list[str] = []
+
+        def work(conn: sqlite3.Connection) -> bool:
+            claimed.extend(row[0] for row in conn.execute(stmt, params).fetchall())
+            return True
+
+        self._write(work)
+        return claimed
+
     def watch(self, effect_id: str) -> Watch:
         return Watch(self.board, effect_id, poll=self.poll_interval)
 

@@ -100,14 +100,18 @@ OPENONCE_REQUIRE_PROVIDER_CAPABILITY = env_bool("OPENONCE_REQUIRE_PROVIDER_CAPAB
 OPENONCE_CONFORMANCE_FILE = env_str("OPENONCE_CONFORMANCE_FILE", "") or None
 OPENONCE_REQUIRE_CONFORMANCE = env_bool("OPENONCE_REQUIRE_CONFORMANCE", False)
 OPENONCE_GRACE_SECONDS = env_float("OPENONCE_GRACE_SECONDS", None)  # None: per capability
-OPENONCE_PROBE_TIMEOUT = env_float("OPENONCE_PROBE_TIMEOUT", 30.0)
+OPENONCE_PROBE_TIMEOUT = env_float("OPENONCE_PROBE_TIMEOUT", 30.0, positive=True)
 OPENONCE_PROBE_RETRIES = env_int("OPENONCE_PROBE_RETRIES", 3)
 OPENONCE_PROBE_RETRY_BACKOFF = env_float("OPENONCE_PROBE_RETRY_BACKOFF", 5.0)
 
 # -- the sweep ------------------------------------------------------------------------
-OPENONCE_SWEEP_INTERVAL = env_float("OPENONCE_SWEEP_INTERVAL", 5.0) or 5.0  # seconds
-OPENONCE_SWEEP_LIMIT = env_int("OPENONCE_SWEEP_LIMIT", 5000)  # due effects per tick
-OPENONCE_SWEEP_BATCH = env_int("OPENONCE_SWEEP_BATCH", 100)  # effects per worker task
+OPENONCE_SWEEP_INTERVAL = env_float("OPENONCE_SWEEP_INTERVAL", 5.0, positive=True)  # seconds
+OPENONCE_SWEEP_LIMIT = env_int("OPENONCE_SWEEP_LIMIT", 5000, minimum=1)  # due effects per tick
+OPENONCE_SWEEP_BATCH = env_int("OPENONCE_SWEEP_BATCH", 100, minimum=1)  # effects per task
+# How long a tick's claim on the effects it queued lasts. A worker that dies with a batch
+# delays those effects by at most this long; a batch still queued after it may be
+# handed out again (the fenced decisions keep that harmless).
+OPENONCE_DISPATCH_TTL = env_float("OPENONCE_DISPATCH_TTL", 60.0, positive=True)
 
 # -- Celery: Redis carries messages only; every decision is in the ledger -------------
 CELERY_BROKER_URL = env_str("OPENONCE_BROKER_URL", "redis://127.0.0.1:6379/0")

@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from reconciler.sweep import sweep
 
@@ -30,18 +30,20 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        interval = options["interval"] or settings.OPENONCE_SWEEP_INTERVAL
-        if interval <= 0:
-            raise ValueError("--interval must be positive")
+        interval = options["interval"]
+        if interval is None:
+            interval = settings.OPENONCE_SWEEP_INTERVAL
+        elif not 0 < interval < float("inf"):
+            raise CommandError(f"--interval must be a positive number of seconds, not {interval}")
         if not options["watch"]:
-            self._report(sweep("once"))
+            self._report(sweep("once", interval=interval))
             return
         stopping = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stopping.set())
         self.stderr.write(f"reconciling every {interval:g}s; Ctrl-C stops")
         while not stopping.is_set():
-            record = sweep("watch")
+            record = sweep("watch", interval=interval)
             if record.due:
                 self._report(record)
             stopping.wait(interval)

@@ -25,6 +25,8 @@ class Command(BaseCommand):
             self.stdout.write("healthy" if health.healthy else "UNHEALTHY")
             for reason in health.reasons:
                 self.stdout.write(f"  - {reason}")
+            for note in health.notes:
+                self.stdout.write(f"  note: {note}")
             if health.last_sweep_at is not None:
                 s = health.last_sweep
                 self.stdout.write(
