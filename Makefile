@@ -21,12 +21,7 @@ $(VENV)/.installed: pyproject.toml | check-python
 venv: $(VENV)/.installed
 
 demo: venv
-	rm -f demo.db demo.db-wal demo.db-shm
-	$(PY) examples/demo_agent.py demo.db
-	@echo
-	$(VENV)/bin/openonce --db demo.db review
-	@echo
-	@echo "Look closer:  $(VENV)/bin/openonce --db demo.db show <effect id>"
+	$(PY) -m examples.demo
 
 # The browser tests drive Debian's Chromium; nothing downloads a browser.
 /usr/bin/chromium:
