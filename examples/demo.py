@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LEDGER = ROOT / "demo.db"
-WORLD = ROOT / "demo-world.json"
+HERE = Path(os.environ.get("OPENONCE_DEMO_DIR", ROOT))  # where the demo's files go
+LEDGER = HERE / "demo.db"
+WORLD = HERE / "demo-world.json"
 
 
 def main() -> int:
