@@ -315,7 +315,9 @@ class ActionForm:
 def _action_form(
     request: HttpRequest, action: actions.Action, effect: Effect, data: Any = None
 ) -> ActionForm:
-    kwargs: dict[str, Any] = {"initial": {"fence": effect.fence}}
+    # Several decision forms share the page: each gets its own ids, so every label
+    # ticks its own box.
+    kwargs: dict[str, Any] = {"initial": {"fence": effect.fence}, "auto_id": f"{action.name}-%s"}
     if action.name == "resolve-not-happened":
         # Offered only where it is needed, to whoever may use it.
         may_override = request.user.has_perm(OVERRIDE_REARM)

@@ -194,26 +194,32 @@ class Reconciler:
         return expired + self.store.claim(unknown, owner, at + ttl, at)
 
     def reconcile_ids(
-        self, effect_ids: Iterable[str], dispatched_by: str | None = None
+        self,
+        effect_ids: Iterable[str],
+        dispatched_by: str | None = None,
+        claimer: str | None = None,
     ) -> ReconcileReport:
         """Re-read the effects and act on those still due: a task delivered twice, or an
         id another worker already resolved, is harmless. ``dispatched_by`` is the claim
-        the dispatcher took for this batch."""
+        the dispatcher took for this batch; ``claimer`` names this batch's probe claims
+        (a Celery task id), so a redelivery of a batch whose worker died can take over its
+        own claims at once instead of waiting for them to lapse."""
         report = ReconcileReport()
         at = now()
+        own = tuple(o for o in (dispatched_by, claimer) if o)
         for effect in self.store.get_many(list(effect_ids)):
-            if self._is_due(effect, at, dispatched_by):
-                self._reconcile(effect, report, at, dispatched_by)
+            if self._is_due(effect, at, own):
+                self._reconcile(effect, report, at, own, claimer)
         return report
 
-    def _is_due(self, effect: Effect, at: float, claimed_by: str | None = None) -> bool:
+    def _is_due(self, effect: Effect, at: float, own: tuple[str, ...] = ()) -> bool:
         if effect.state == S.STARTED:
             return effect.lease_expires_at is not None and effect.lease_expires_at <= at
         if effect.state != S.UNKNOWN or at < effect.updated_at + self._pause(effect):
             return False
         # Someone else is probing it (or has it queued): leave it to them.
         claimed = effect.lease_expires_at is not None and effect.lease_expires_at > at
-        return not claimed or (claimed_by is not None and effect.lease_owner == claimed_by)
+        return not claimed or effect.lease_owner in own
 
     def _pause(self, effect: Effect) -> float:
         """How long after its last change an UNKNOWN effect waits: its grace window, or the
@@ -242,7 +248,8 @@ class Reconciler:
         effect: Effect,
         report: ReconcileReport,
         at: float,
-        dispatched_by: str | None = None,
+        own: tuple[str, ...] = (),
+        claimer: str | None = None,
     ) -> None:
         if effect.state == S.STARTED:
             if self.oo._expire_lease(effect):
@@ -254,14 +261,14 @@ class Reconciler:
         # Claim it before probing, so two reconcilers (or a batch delivered twice) do
         # not both ask the provider; the claim bumps the fence our decision is made on.
         until = at + self.probe_timeout * max(1, len(probers or ())) + 5
+        claimer = claimer or self._claimer
         if not self.store.claim(
-            [effect.id], self._claimer, until, at,
-            steal_from=dispatched_by, expect_fence=effect.fence,
-        ):  # fmt: skip
+            [effect.id], claimer, until, at, steal_from=own, expect_fence=effect.fence
+        ):
             report.lost_races += 1
             return
         effect = dataclasses.replace(
-            effect, fence=effect.fence + 1, lease_owner=self._claimer, lease_expires_at=until
+            effect, fence=effect.fence + 1, lease_owner=claimer, lease_expires_at=until
         )
         capabilities = self.matrix.resolve(effect.tool, self._pins.get(effect.tool))
         guidance = _guidance(effect.tool, capabilities, bool(probers))

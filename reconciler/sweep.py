@@ -42,7 +42,9 @@ def sweep(source: str, dispatch: Dispatch | None = None, interval: float | None 
     due_ids = reconciler.claim_due(
         settings.OPENONCE_SWEEP_LIMIT, owner, settings.OPENONCE_DISPATCH_TTL
     )
-    batches = list(_chunks(due_ids, settings.OPENONCE_SWEEP_BATCH))
+    # A small backlog is still spread over several workers instead of one batch.
+    size = min(settings.OPENONCE_SWEEP_BATCH, -(-len(due_ids) // settings.OPENONCE_SWEEP_SPREAD))
+    batches = list(_chunks(due_ids, max(1, size)))
     Sweep.objects.filter(pk=record.pk).update(
         due=len(due_ids),
         batches=len(batches),
@@ -61,9 +63,12 @@ def claim_owner(sweep_id: int) -> str:
     return f"sweep:{sweep_id}"
 
 
-def run_batch(effect_ids: list[str], sweep_id: int | None) -> ReconcileReport:
+def run_batch(
+    effect_ids: list[str], sweep_id: int | None, task_id: str | None = None
+) -> ReconcileReport:
     owner = claim_owner(sweep_id) if sweep_id is not None else None
-    report = get_reconciler().reconcile_ids(effect_ids, dispatched_by=owner)
+    claimer = f"task:{task_id}" if task_id else None
+    report = get_reconciler().reconcile_ids(effect_ids, dispatched_by=owner, claimer=claimer)
     if sweep_id is not None:
         record_report(sweep_id, report)
     return report

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.db import DatabaseError
 
 from .sweep import run_batch, sweep
@@ -15,6 +15,7 @@ def tick() -> None:
 
 
 @shared_task(
+    bind=True,
     name="openonce.reconcile_batch",
     ignore_result=True,
     # The ledger was unreachable: try again later. Countdowns stay far below the
@@ -24,6 +25,7 @@ def tick() -> None:
     retry_backoff_max=300,
     max_retries=8,
 )
-def reconcile_batch(effect_ids: list[str], sweep_id: int | None = None) -> None:
-    """Reconcile these effects if they are still due; a second delivery changes nothing."""
-    run_batch(list(effect_ids), sweep_id)
+def reconcile_batch(self: Task, effect_ids: list[str], sweep_id: int | None = None) -> None:
+    """Reconcile these effects if they are still due; a second delivery changes nothing.
+    The task id names the probe claims, so a redelivery after a worker died resumes them."""
+    run_batch(list(effect_ids), sweep_id, self.request.id)

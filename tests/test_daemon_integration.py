@@ -189,7 +189,12 @@ def test_unknown_effects_are_resolved_by_worker_and_beat(daemon: Daemon) -> None
 
 
 def test_worker_killed_mid_probe_then_new_worker_resolves_exactly_once(daemon: Daemon) -> None:
-    slow = daemon.env_with(OPENONCE_TEST_PROBE_SLEEP="3")
+    # The whole worker dies, so Redis redelivers nothing before its visibility timeout;
+    # a later tick hands the effect out again once the dead worker's claims lapse
+    # (dispatch claim OPENONCE_DISPATCH_TTL, probe claim probe timeout + 5 s).
+    slow = daemon.env_with(
+        OPENONCE_TEST_PROBE_SLEEP="3", OPENONCE_PROBE_TIMEOUT="5", OPENONCE_DISPATCH_TTL="3"
+    )
     eid = make_unknown(daemon.dsn, ["paid-k"])["paid-k"]
     first = daemon.worker("worker-1", env=slow, concurrency=1)
     daemon.beat("beat")
@@ -427,13 +432,14 @@ def test_redis_restart_health_goes_red_then_green_and_work_resumes(daemon: Daemo
         assert redis_ping(), "Redis must be running after this test"
 
 
-# -- 5. a backlog of slow probes (known product bugs, strict xfail) -----------------------
+# -- 5. a backlog of slow probes ----------------------------------------------------------
 
 
 def _drain_backlog(daemon: Daemon, n: int, sleep: str, concurrency: int) -> dict[str, float]:
     """Park ``n`` UNKNOWN effects, run one beat and one worker whose probes take ``sleep``
     seconds, and watch the drain: probes made, time taken, and the longest stretch with no
-    new sweep recorded while effects were still UNKNOWN (what health judges by)."""
+    new sweep recorded while effects were still UNKNOWN, and what `reconciler_health` said
+    meanwhile."""
     ids = list(make_unknown(daemon.dsn, [f"paid-{i}" for i in range(n)]).values())
     env = daemon.env_with(OPENONCE_TEST_PROBE_SLEEP=sleep)
     daemon.worker("worker", env=env, concurrency=concurrency, loglevel="warning")
@@ -441,13 +447,15 @@ def _drain_backlog(daemon: Daemon, n: int, sleep: str, concurrency: int) -> dict
     wait_until(lambda: daemon.ledger.sweeps(), 20, "first sweep", on_timeout=daemon.logs)
     started = time.monotonic()
     worst_gap = 0.0
+    verdicts: list[bool] = []
     while daemon.unresolved(ids):
         assert time.monotonic() - started < 60, daemon.logs()
         row = daemon.ledger.conn.execute(
             "SELECT extract(epoch FROM now() - max(started_at)) FROM reconciler_sweep"
         ).fetchone()
         worst_gap = max(worst_gap, float(row[0]) if row and row[0] is not None else 0.0)
-        time.sleep(0.2)
+        health = manage(daemon.env, "reconciler_health", "--json")
+        verdicts.append(health.returncode == 0)
     drained = time.monotonic() - started
     probes = len(read_probe_log(daemon.probe_log))
     serial = n * float(sleep)
@@ -456,7 +464,14 @@ def _drain_backlog(daemon: Daemon, n: int, sleep: str, concurrency: int) -> dict
         f" {drained:.1f}s (serial {serial:.1f}s), {probes} probes"
         f" ({probes / n:.2f} per effect), longest gap between sweeps {worst_gap:.1f}s"
     )
-    return {"drained": drained, "probes": probes, "serial": serial, "gap": worst_gap}
+    return {
+        "drained": drained,
+        "probes": probes,
+        "serial": serial,
+        "gap": worst_gap,
+        "health_checks": len(verdicts),
+        "unhealthy": verdicts.count(False),
+    }
 
 
 def test_more_worker_processes_share_a_backlog_instead_of_repeating_probes(
@@ -468,5 +483,8 @@ def test_more_worker_processes_share_a_backlog_instead_of_repeating_probes(
 
 
 def test_health_stays_green_while_workers_drain_a_backlog(daemon: Daemon) -> None:
+    # Ticks may wait in the queue behind the batches, so sweeps can be late; batches keep
+    # finishing, and health reads that as a backlog draining, not as a stopped daemon.
     stats = _drain_backlog(daemon, 30, "0.25", concurrency=2)
-    assert stats["gap"] <= 2.0  # health's threshold: 2 x OPENONCE_SWEEP_INTERVAL
+    assert stats["health_checks"] >= 2
+    assert stats["unhealthy"] == 0

@@ -276,7 +276,8 @@ def test_reconcile_once_resolves_due_unknown_effects(fresh_ledger) -> None:
         oo.close()
     (record,) = sweeps(target)
     assert record["source"] == "once"
-    assert (record["due"], record["batches"], record["batches_done"]) == (3, 1, 1)
+    # a small backlog is spread over OPENONCE_SWEEP_SPREAD (8) batches: one effect each
+    assert (record["due"], record["batches"], record["batches_done"]) == (3, 3, 3)
     assert (record["committed"], record["rearmed"], record["escalated"]) == (1, 1, 1)
     assert record["probes_happened"] == record["probes_not_happened"] == 1
     assert record["probes_inconclusive"] == 1 and record["probe_errors"] == 0
@@ -484,6 +485,7 @@ def test_sweep_records_due_committed_and_probe_outcomes(ledger, settings) -> Non
     from reconciler.sweep import sweep
 
     settings.OPENONCE_SWEEP_BATCH = 2
+    settings.OPENONCE_SWEEP_SPREAD = 1  # batches of OPENONCE_SWEEP_BATCH, not spread wider
     ids = make_unknown(ledger, ["paid-a", "paid-b", "lost-c", "odd-d", "paid-e"])
     record = sweep("once")
     record.refresh_from_db()

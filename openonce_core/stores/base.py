@@ -49,12 +49,12 @@ class Store(Protocol):
         until: float,
         at: float,
         *,
-        steal_from: str | None = None,
+        steal_from: Sequence[str] = (),
         expect_fence: int | None = None,
     ) -> list[str]:
         """Mark UNKNOWN effects as being probed by ``owner`` until ``until`` (bumping the
-        fence), unless someone else's claim is still live. Not a state change, so no
-        journal line. Returns the ids claimed."""
+        fence), unless a claim of someone not in ``steal_from`` is still live. Not a state
+        change, so no journal line. Returns the ids claimed."""
         ...
 
     def watch(self, effect_id: str) -> Watch: ...

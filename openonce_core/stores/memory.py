@@ -126,7 +126,7 @@ class InMemoryStore:
         until: float,
         at: float,
         *,
-        steal_from: str | None = None,
+        steal_from: Sequence[str] = (),
         expect_fence: int | None = None,
     ) -> list[str]:
         claimed = []
@@ -138,7 +138,7 @@ class InMemoryStore:
                 if expect_fence is not None and e.fence != expect_fence:
                     continue
                 free = e.lease_expires_at is None or e.lease_expires_at <= at
-                if not free and (steal_from is None or e.lease_owner != steal_from):
+                if not free and e.lease_owner not in steal_from:
                     continue
                 self._effects[effect_id] = dataclasses.replace(
                     e, lease_owner=owner, lease_expires_at=until, fence=e.fence + 1

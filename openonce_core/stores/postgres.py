@@ -267,7 +267,7 @@ class PostgresStore:
         until: float,
         at: float,
         *,
-        steal_from: str | None = None,
+        steal_from: Sequence[str] = (),
         expect_fence: int | None = None,
     ) -> list[str]:
         if not effect_ids:
@@ -276,11 +276,11 @@ class PostgresStore:
             "UPDATE openonce_effects SET lease_owner = %(owner)s, lease_expires_at = %(until)s,"
             " fence = fence + 1 WHERE id = ANY(%(ids)s) AND state = 'unknown'"
             " AND (lease_expires_at IS NULL OR lease_expires_at <= %(at)s"
-            "      OR lease_owner = %(steal)s)"
+            "      OR lease_owner = ANY(%(steal)s))"
             " AND (%(fence)s::bigint IS NULL OR fence = %(fence)s::bigint) RETURNING id",
             {
                 "owner": owner, "until": until, "ids": list(effect_ids), "at": at,
-                "steal": steal_from, "fence": expect_fence,
+                "steal": list(steal_from), "fence": expect_fence,
             },
         )  # fmt: skip
         return [r[0] for r in rows]

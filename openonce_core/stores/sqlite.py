@@ -245,20 +245,21 @@ class SQLiteStore:
         until: float,
         at: float,
         *,
-        steal_from: str | None = None,
+        steal_from: Sequence[str] = (),
         expect_fence: int | None = None,
     ) -> list[str]:
         if not effect_ids:
             return []
         marks = ", ".join("?" * len(effect_ids))
         fence = " AND fence = ?" if expect_fence is not None else ""
+        owners = ", ".join("?" * len(steal_from)) or "NULL"
         stmt = (
             "UPDATE openonce_effects SET lease_owner = ?, lease_expires_at = ?,"
             f" fence = fence + 1 WHERE id IN ({marks}) AND state = 'unknown'"
-            " AND (lease_expires_at IS NULL OR lease_expires_at <= ? OR lease_owner = ?)"
+            f" AND (lease_expires_at IS NULL OR lease_expires_at <= ? OR lease_owner IN ({owners}))"
             f"{fence} RETURNING id"
         )
-        params: list[Any] = [owner, until, *effect_ids, at, steal_from]
+        params: list[Any] = [owner, until, *effect_ids, at, *steal_from]
         if expect_fence is not None:
             params.append(expect_fence)
         claimed: list[str] = []

@@ -108,6 +108,9 @@ OPENONCE_PROBE_RETRY_BACKOFF = env_float("OPENONCE_PROBE_RETRY_BACKOFF", 5.0)
 OPENONCE_SWEEP_INTERVAL = env_float("OPENONCE_SWEEP_INTERVAL", 5.0, positive=True)  # seconds
 OPENONCE_SWEEP_LIMIT = env_int("OPENONCE_SWEEP_LIMIT", 5000, minimum=1)  # due effects per tick
 OPENONCE_SWEEP_BATCH = env_int("OPENONCE_SWEEP_BATCH", 100, minimum=1)  # effects per task
+# A small backlog is split into at least this many batches so that several workers
+# share it (40 due effects -> 8 batches of 5, not one batch of 40).
+OPENONCE_SWEEP_SPREAD = env_int("OPENONCE_SWEEP_SPREAD", 8, minimum=1)
 # How long a tick's claim on the effects it queued lasts. A worker that dies with a batch
 # delays those effects by at most this long; a batch still queued after it may be
 # handed out again (the fenced decisions keep that harmless).
