@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PG_TEST_DSN ?= postgresql://root@127.0.0.1:5432/test
 
-.PHONY: venv demo test lint bench clean check-python
+.PHONY: venv demo test lint bench bench-reconcile bench-daemon bench-console clean check-python
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' || { \
@@ -42,6 +42,15 @@ lint: venv
 
 bench: venv
 	OPENONCE_BENCH_PG=$(PG_TEST_DSN) $(PY) bench/ledger.py
+
+bench-reconcile: venv
+	OPENONCE_BENCH_PG=$(PG_TEST_DSN) $(PY) bench/reconcile.py
+
+bench-daemon: venv
+	OPENONCE_BENCH_PG=$(PG_TEST_DSN) $(PY) bench/daemon.py
+
+bench-console: venv
+	OPENONCE_BENCH_PG=$(PG_TEST_DSN) $(PY) bench/console.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

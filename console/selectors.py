@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from django.db.models import Q, QuerySet
@@ -27,7 +27,7 @@ QUEUE_LIMIT = 100  # rows on the human queue
 COUNT_CAP = 1000  # counts stop here and show "1000+"
 UNKNOWN_SCAN = 1000  # oldest UNKNOWN rows looked at to find those past their grace
 PAGE_SIZE = 50
-JOURNAL_LIMIT = 1000  # journal lines shown or exported per effect
+JOURNAL_SHOWN = 200  # journal lines on the detail page (exports have every line)
 APPROVALS_LIMIT = 200
 AUDIT_PAGE = 100
 EXPORT_LIMIT = 5000  # audit rows per export; ``before`` pages on
@@ -237,9 +237,21 @@ def effect(effect_id: str) -> Effect | None:
     return Effect.objects.filter(id=effect_id).first()  # primary key
 
 
-def journal(effect_id: str, limit: int = JOURNAL_LIMIT) -> list[JournalEntry]:
-    # openonce_journal_effect (effect_id, seq)
-    return list(JournalEntry.objects.filter(effect_id=effect_id).order_by("seq")[:limit])
+def journal(effect_id: str) -> Iterator[JournalEntry]:
+    """Every line, oldest first, streamed (exports must not drop any). Served by
+    openonce_journal_effect (effect_id, seq)."""
+    return JournalEntry.objects.filter(effect_id=effect_id).order_by("seq").iterator(2000)
+
+
+def journal_tail(effect_id: str, limit: int = JOURNAL_SHOWN) -> tuple[list[JournalEntry], int]:
+    """The newest ``limit`` lines, oldest first, and how many lines there are in all: a
+    page showing thousands of lines would be slow and unreadable; the export has them."""
+    lines = JournalEntry.objects.filter(effect_id=effect_id).order_by("-seq")[:limit]
+    newest = list(lines)[::-1]
+    total = len(newest)
+    if total == limit:
+        total = JournalEntry.objects.filter(effect_id=effect_id).count()
+    return newest, total
 
 
 def approvals(effect_id: str, limit: int = APPROVALS_LIMIT) -> list[Approval]:

@@ -363,6 +363,7 @@ def _refused(
 def _detail_context(
     request: HttpRequest, effect: Effect, failed: ActionForm | None = None, notice: str = ""
 ) -> dict[str, Any]:
+    journal_lines, journal_total = selectors.journal_tail(effect.id)
     offered = []
     for action in actions.ACTIONS.values():
         if failed is not None and failed.action is action:
@@ -384,7 +385,8 @@ def _detail_context(
         # A list, not the dict: a template would read ``args.items`` as an argument
         # named "items" if a tool had one.
         "arguments": list(args.items()) if isinstance(args, dict) else [("(all)", args)],
-        "journal": selectors.journal(effect.id),
+        "journal": journal_lines,
+        "journal_total": journal_total,
         "approvals": approvals,
         "valid_approvals": len(valid),
         "capabilities": selectors.capabilities_for(effect.tool),

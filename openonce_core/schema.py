@@ -63,6 +63,8 @@ _V1 = [
     # Listing by time (keyset pagination) and by run.
     "CREATE INDEX openonce_effects_created ON openonce_effects (created_at, id)",
     "CREATE INDEX openonce_effects_scope ON openonce_effects (scope, created_at)",
+    # The console's filter by tool, newest first (a rare tool must not scan the table).
+    "CREATE INDEX openonce_effects_tool ON openonce_effects (tool, created_at, id)",
     # The console's search by idempotency key, whatever the tool.
     "CREATE INDEX openonce_effects_key ON openonce_effects (idempotency_key)",
     """

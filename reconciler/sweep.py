@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import F, Min
@@ -38,6 +39,9 @@ def sweep(source: str, dispatch: Dispatch | None = None, interval: float | None 
         interval=interval or settings.OPENONCE_SWEEP_INTERVAL,
         oldest_unknown_age=oldest_unknown_age(),
     )
+    # Sweep records are operational history, not ledger truth: keep a bounded window.
+    retention = timedelta(days=settings.OPENONCE_SWEEP_RETENTION_DAYS)
+    Sweep.objects.filter(started_at__lt=record.started_at - retention).delete()
     owner = claim_owner(record.pk)
     due_ids = reconciler.claim_due(
         settings.OPENONCE_SWEEP_LIMIT, owner, settings.OPENONCE_DISPATCH_TTL

@@ -115,6 +115,7 @@ OPENONCE_SWEEP_SPREAD = env_int("OPENONCE_SWEEP_SPREAD", 8, minimum=1)
 # delays those effects by at most this long; a batch still queued after it may be
 # handed out again (the fenced decisions keep that harmless).
 OPENONCE_DISPATCH_TTL = env_float("OPENONCE_DISPATCH_TTL", 60.0, positive=True)
+OPENONCE_SWEEP_RETENTION_DAYS = env_int("OPENONCE_SWEEP_RETENTION_DAYS", 14, minimum=1)
 
 # -- Celery: Redis carries messages only; every decision is in the ledger -------------
 CELERY_BROKER_URL = env_str("OPENONCE_BROKER_URL", "redis://127.0.0.1:6379/0")
