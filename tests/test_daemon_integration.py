@@ -167,6 +167,13 @@ def test_unknown_effects_are_resolved_by_worker_and_beat(daemon: Daemon) -> None
     assert "search index unavailable" in daemon.leaving_unknown(ids["odd-1"])[0]["reason"]
     assert daemon.ledger.effect(ids["lost-1"])["verification_status"] == "absent"
 
+    # A batch reports to its sweep record just after its decisions are committed.
+    wait_until(
+        lambda: all(s["batches_done"] >= s["batches"] for s in daemon.ledger.sweeps()),
+        10,
+        "every batch reported to its sweep",
+        on_timeout=daemon.logs,
+    )
     sweeps = daemon.ledger.sweeps()
     assert sweeps and all(s["source"] == "beat" for s in sweeps)
     assert sum(s["committed"] for s in sweeps) == 1
