@@ -266,7 +266,7 @@ def drain(
             done += len(report.committed)
             say(
                 f"  {store}: {done:,}/{count:,} committed; this run"
-                f" {result.run_rates[-1]:,.0f}/s (waiting in grace: {report.waiting})"
+                f" {result.run_rates[-1]:,.0f}/s (still unknown: {report.waiting})"
             )
         result.ours_seconds += spent
         result.runs += 1

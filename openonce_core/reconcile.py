@@ -47,7 +47,9 @@ class ReconcileReport:
     rearmed: list[str] = field(default_factory=list)
     escalated: list[str] = field(default_factory=list)
     retried: list[str] = field(default_factory=list)  # prober failed; asked again later
-    waiting: int = 0  # UNKNOWN but still inside the grace window
+    # UNKNOWN effects left after the sweep: in their grace window, in probe backoff, or
+    # claimed by another reconciler.
+    waiting: int = 0
     lost_races: int = 0  # another reconciler decided first
     outcomes: dict[str, int] = field(default_factory=dict)
 
@@ -83,7 +85,7 @@ class ReconcileReport:
             f"expired {len(self.expired)}, committed {len(self.committed)},"
             f" re-armed {len(self.rearmed)}, to human review {len(self.escalated)},"
             f" probe retries {len(self.retried)},"
-            f" waiting in grace {self.waiting}, lost races {self.lost_races}"
+            f" still unknown {self.waiting}, lost races {self.lost_races}"
         )
 
 

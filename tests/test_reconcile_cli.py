@@ -185,7 +185,7 @@ def test_reconcile_commits_an_unknown_effect_and_prints_the_report(ledger, env):
     [line] = result.stdout.strip().splitlines()
     for part in ("expired 0,", "committed 1,", "re-armed 0,", "to human review 0,"):
         assert part in line, line
-    assert "waiting in grace 0" in line and line.endswith("lost races 0"), line
+    assert "still unknown 0" in line and line.endswith("lost races 0"), line
     effect = ledger.oo.get(effect_id)
     assert effect.state == S.COMMITTED
     assert effect.result == {"stripe_id": "pi_o1"}
