@@ -64,10 +64,8 @@ ACTIONS: dict[str, Action] = {
             "deny",
             "Deny",
             APPROVE,
-            # The core's deny() reads APPROVED as deniable too, but its state machine has
-            # no APPROVED -> DENIED edge; offer it where it can succeed (cancel covers
-            # an approved effect that should not run).
-            frozenset({S.REQUIRES_APPROVAL}),
+            # An approval can be withdrawn until the call runs: deny an approved one too.
+            frozenset({S.REQUIRES_APPROVAL, S.APPROVED}),
             console_forms.ReasonForm,
             danger=True,
         ),

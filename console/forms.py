@@ -140,6 +140,8 @@ class ResolveHappenedForm(DecisionForm):
             receipt = json.loads(self.cleaned_data["receipt"])
         except json.JSONDecodeError as exc:
             raise forms.ValidationError(f"The receipt is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise forms.ValidationError("The receipt is nested too deeply.") from None
         if type(receipt) is not dict or not receipt:
             raise forms.ValidationError("The receipt must be a non-empty JSON object.")
         return receipt

@@ -22,8 +22,13 @@ MAX_SAFE_INTEGER = 2**53 - 1
 _encode_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
 
-def check_json(value: Any, path: str = "$", *, key_material: bool = False) -> None:
+MAX_DEPTH = 64  # deeper nesting is refused with a clear error, not a RecursionError
+
+
+def check_json(value: Any, path: str = "$", *, key_material: bool = False, depth: int = 0) -> None:
     """Raise InvalidArgumentsError naming ``path`` unless ``value`` is strict JSON."""
+    if depth > MAX_DEPTH:
+        raise InvalidArgumentsError(path, f"nested deeper than {MAX_DEPTH} levels")
     kind = type(value)
     if value is None or kind is bool or kind is str:
         if kind is str:
@@ -43,14 +48,14 @@ def check_json(value: Any, path: str = "$", *, key_material: bool = False) -> No
         return
     if kind is list:
         for i, item in enumerate(value):
-            check_json(item, f"{path}[{i}]", key_material=key_material)
+            check_json(item, f"{path}[{i}]", key_material=key_material, depth=depth + 1)
         return
     if kind is dict:
         for k, item in value.items():
             if type(k) is not str:
                 raise InvalidArgumentsError(path, f"key {k!r} is not a string")
             _check_string(k, path)
-            check_json(item, f"{path}.{k}", key_material=key_material)
+            check_json(item, f"{path}.{k}", key_material=key_material, depth=depth + 1)
         return
     raise InvalidArgumentsError(
         path, f"{kind.__name__} is not strict JSON; convert it explicitly at the call site"

@@ -170,7 +170,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_resolve_happened(args: argparse.Namespace) -> int:
     try:
         receipt = json.loads(args.receipt_json)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise OpenOnceError(f"--receipt-json is not JSON: {exc}") from None
     with _open(args) as oo:
         effect = oo.resolve_happened(

@@ -342,7 +342,10 @@ class Reconciler:
         elapsed = time.monotonic() - started
         if not result.decisive:
             return result
-        expected = _expected_reference(prober, effect)
+        try:
+            expected = _expected_reference(prober, effect)
+        except Exception as exc:
+            return _inconclusive(f"prober's reference_for raised {exc!r}"[:500], error=True)
         if result.provider_reference != expected:
             return _inconclusive(
                 f"{result.outcome} result named reference {result.provider_reference!r},"

@@ -416,6 +416,14 @@ class OpenOnce:
                 raise ApprovalExpired(effect.id, effect.tool, 0, effect.approvals_required)
             return self._claim_existing(call, effect)
         if state == S.PLANNED:
+            # A re-armed effect that needed approval runs only while that approval holds.
+            if (
+                effect.approvals_required
+                and len(self._valid_approvers(effect)) < effect.approvals_required
+            ):
+                self._move(effect, S.REQUIRES_APPROVAL, "reconsider", actor="openonce",
+                           reason="approval expired before the re-armed call ran")  # fmt: skip
+                raise ApprovalExpired(effect.id, effect.tool, 0, effect.approvals_required)
             return self._claim_existing(call, effect)
         if state == S.DENIED:
             denial = next(
@@ -470,8 +478,11 @@ class OpenOnce:
                 error = _describe(exc, kind, call.secrets)
                 if kind is FailureClass.RETRYABLE:
                     if effect.attempt - first_attempt + 1 < call.spec.max_attempts:
+                        # Wait first, then renew the claim (fenced), then call: a claim
+                        # lost while we waited means no call at all (LeaseLostError).
+                        pause = self.retry_delay * 2 ** (effect.attempt - first_attempt)
+                        time.sleep(min(pause, call.spec.lease_seconds / 2))
                         effect = self._retry(call, effect, error, exc)
-                        time.sleep(self.retry_delay * (2 ** (effect.attempt - first_attempt - 1)))
                         continue
                     self._finish(
                         effect,
@@ -499,6 +510,8 @@ class OpenOnce:
                 self._finish(effect, S.FAILED, "failed", exc, error=error, reason=error["type"])
                 self.stats["failed"] += 1
                 raise
+            if inspect.isawaitable(value):
+                self._awaitable_returned(effect, value)
             result, stored = _storable(value)
             problems = self._receipt_contract_problems(call.tool, value, call.stored_args)
             if problems:
@@ -512,6 +525,22 @@ class OpenOnce:
             self._finish(effect, S.COMMITTED, "returned", value, result=result, stored=stored)
             self.stats["executed"] += 1
             return value
+
+    def _awaitable_returned(self, effect: Effect, value: Any) -> None:
+        """A sync wrapper handed back a coroutine: nothing has run yet. Close it so it never
+        runs outside the ledger, record a failure, and tell the developer."""
+        error = TypeError(
+            f"{effect.tool} returned an awaitable from a synchronous call; declare the handler"
+            " `async def` (or wrap the coroutine function itself) so OpenOnce awaits it"
+        )
+        if inspect.iscoroutine(value):
+            value.close()
+            kind, state, outcome = FailureClass.FAILED, S.FAILED, "failed"
+        else:  # a Future or Task may already be running: it may happen
+            kind, state, outcome = FailureClass.UNKNOWN, S.UNKNOWN, "unknown"
+        described = _describe(error, kind, ())
+        self._finish(effect, state, outcome, error, error=described, reason=str(error))
+        raise error
 
     # -- provider contracts ---------------------------------------------------------------
 
@@ -750,6 +779,7 @@ class OpenOnce:
         """Count ``by``'s approval; the effect becomes APPROVED once enough distinct people
         approved. The approval is bound to the arguments' fingerprint."""
         _require_text("by", by)
+        _optional_text("reason", reason)
         while True:
             effect = self._load(effect_id, (S.REQUIRES_APPROVAL,), "approve", expected_fence)
             approvers = self._valid_approvers(effect)
@@ -809,6 +839,7 @@ class OpenOnce:
     def release_unstarted(self, effect_id: str, *, by: str, reason: str = "") -> Effect:
         """Drop a claim that never started (attempt 0) so its key can be claimed anew."""
         _require_text("by", by)
+        _optional_text("reason", reason)
         while True:
             effect = self._load(effect_id, tuple(NOT_STARTED), "release")
             if effect.attempt != 0:
@@ -837,6 +868,7 @@ class OpenOnce:
         With ``enforce_provider_receipts`` (or ``require_receipt_contract=True``) the
         receipt must meet the tool's provider receipt contract first."""
         _require_text("by", by)
+        _optional_text("reason", reason)
         receipt = _check_receipt(receipt)
         while True:
             effect = self._load(
@@ -957,7 +989,9 @@ class OpenOnce:
         effect = self.get(effect_id)
         if expected_fence is not None and effect.fence != expected_fence:
             raise EffectChangedError(effect_id, effect.state)
-        if effect.state == S.STARTED and _lease_expired(effect, now()):
+        # A lapsed lease makes the effect UNKNOWN, but only on the way to a decision that
+        # UNKNOWN allows: a refused call changes nothing.
+        if S.UNKNOWN in allowed and effect.state == S.STARTED and _lease_expired(effect, now()):
             self._expire_lease(effect)
             effect = self.get(effect_id)
         if effect.state not in allowed:
@@ -1187,6 +1221,14 @@ def _check_receipt(receipt: Any) -> dict[str, Any]:
 def _require_text(name: str, value: Any) -> None:
     if type(value) is not str or not value.strip():
         raise ValueError(f"{name} is required: say who decided and why")
+    if name == "by" and value != value.strip():
+        # "alice" and "alice " must not count as two approvers.
+        raise ValueError("by must not start or end with spaces")
+
+
+def _optional_text(name: str, value: Any) -> None:
+    if type(value) is not str:
+        raise ValueError(f"{name} must be text, not {type(value).__name__}")
 
 
 def _run_on_loop(

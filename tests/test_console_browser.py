@@ -243,7 +243,9 @@ def test_approving_a_pending_refund_lets_the_agent_run_it_exactly_once(
     expect(identity).to_contain_text("Approvals1 of 1 distinct approver")
     expect(page.locator(".timeline li").last).to_contain_text("operator:approver")
     expect(page.locator(".timeline li").last).to_contain_text("customer called; refund is due")
-    expect(page.get_by_role("heading", name="Decide")).to_have_count(0)  # nothing left to do
+    # Approved, not yet run: the approval can still be withdrawn, and nothing else.
+    expect(page.locator("form[action$='/approve/']")).to_have_count(0)
+    expect(page.locator("form[action$='/deny/']")).to_have_count(1)
 
     assert agent.state(effect_id) == "approved"
     last = agent.oo.journal(effect_id)[-1]
