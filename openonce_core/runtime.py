@@ -49,11 +49,13 @@ from .errors import (
     ProviderContractError,
     ReceiptContractError,
     ResultUnavailableError,
+    SchemaVersionError,
     ScopeRequiredError,
 )
 from .policy import ALLOW, Policy
 from .providers import Capability, CapabilityMatrix, check_call_contract, check_receipt
 from .records import Approval, Effect, JournalEntry, new_effect_id, now
+from .schema import SCHEMA_VERSION
 from .states import NEEDS_HUMAN, NOT_STARTED, EffectState, is_legal
 from .stores import open_store
 from .stores.base import Store
@@ -1076,9 +1078,6 @@ _REPLAY = object()
 
 
 def _check_schema(store: Store) -> None:
-    from .errors import SchemaVersionError
-    from .schema import SCHEMA_VERSION
-
     version = store.schema_version()
     if version != SCHEMA_VERSION:
         raise SchemaVersionError(

@@ -37,11 +37,9 @@ def load_object(ref: str) -> Any:
         obj = getattr(module, name)
     except AttributeError:
         raise WiringError(f"{module_name!r} has no {name!r}") from None
-    return (
-        obj()
-        if callable(obj) and not isinstance(obj, Mapping) and not hasattr(obj, "probe")
-        else obj
-    )
+    if isinstance(obj, Mapping) or hasattr(obj, "probe") or not callable(obj):
+        return obj
+    return obj()  # a factory that builds the probers
 
 
 def parse_pins(pins: Iterable[str] | Mapping[str, str]) -> dict[str, str]:

@@ -74,10 +74,6 @@ def to_db(field: str, value: Any) -> Any:
     return value
 
 
-def effect_row(effect: Effect) -> list[Any]:
-    return [to_db(f, getattr(effect, f)) for f in FIELDS]
-
-
 def new_effect_row(effect: Effect) -> list[Any]:
     return [to_db(f, getattr(effect, f)) for f in NEW_FIELDS]
 
