@@ -8,7 +8,7 @@ End to end, as production runs it, on this machine:
   ``stripe.charge`` handler raising ``TimeoutError``), as ``bench/reconcile.py`` makes them;
 * Celery workers (two processes with ``--concurrency 1`` by default, or one with
   ``--concurrency 2``) and one beat, on an empty Redis database, with
-  ``OPENONCE_PROBERS=tests.daemon_probers:PROBERS`` (an instant prober deciding from the
+  ``OPENONCE_PROBERS=tests.support.probers:PROBERS`` (an instant prober deciding from the
   effect's args: every order here is "paid-*", so HAPPENED with a bound receipt),
   ``OPENONCE_GRACE_SECONDS=0`` and ``OPENONCE_SWEEP_INTERVAL=1``.
 
@@ -218,7 +218,7 @@ def run(args: argparse.Namespace, settings: dict[str, Any]) -> Outcome:
         DJANGO_SETTINGS_MODULE="openonce_site.settings.test",
         OPENONCE_DATABASE=url,
         OPENONCE_BROKER_URL=broker_url,
-        OPENONCE_PROBERS="tests.daemon_probers:PROBERS",
+        OPENONCE_PROBERS="tests.support.probers:PROBERS",
         OPENONCE_GRACE_SECONDS="0",
         OPENONCE_SWEEP_INTERVAL=str(SWEEP_INTERVAL),
         OPENONCE_SWEEP_LIMIT=str(args.sweep_limit),
@@ -367,7 +367,7 @@ def render(o: Outcome, settings: dict[str, Any], notes: list[str]) -> str:
         f" fsync={p['fsync']}; redis db {o.redis_db} (flushed before and after)",
         f"celery: {workers} + 1 beat; OPENONCE_SWEEP_INTERVAL={SWEEP_INTERVAL},"
         f" OPENONCE_SWEEP_LIMIT={o.sweep_limit}, OPENONCE_SWEEP_BATCH={o.sweep_batch},"
-        " OPENONCE_GRACE_SECONDS=0, prober tests.daemon_probers (instant)",
+        " OPENONCE_GRACE_SECONDS=0, prober tests.support.probers (instant)",
         "",
     ]
     header = (

@@ -26,10 +26,16 @@
     │   └── LeaseLostError           a newer owner holds the effect; this result is evidence only
     └── SchemaVersionError           the ledger schema is newer or older than this code
 
+    BusinessError          raise it from a handler: the provider said no; FAILED, replayed
     RetryableEffectError   raise it from a handler: definitely did not happen, run again
     UnknownOutcomeError    raise it from a handler: may have happened, park as UNKNOWN
 
-Neither of the last two is an ``OpenOnceError``: handlers raise them, OpenOnce catches them.
+    ProbeError             raise it from a prober: the provider could not be asked
+    ├── ProbeTransientError      429, 5xx, timeouts, connection errors: ask again later
+    └── ProbeCredentialError     401, a permission 403: the prober's key is refused
+
+None of these is an ``OpenOnceError``: handlers and probers raise them, OpenOnce catches
+them. A ProbeError says nothing about the effect itself.
 """
 
 from __future__ import annotations
@@ -223,9 +229,50 @@ class SchemaVersionError(OpenOnceError):
     pass
 
 
+class BusinessError(Exception):
+    """Raise (or subclass) from a handler when the provider definitively said no — a card
+    declined, a validation refusal. Recorded FAILED and replayed to duplicates."""
+
+
 class RetryableEffectError(Exception):
     """Raise from a handler when the effect definitely did not happen and may run again."""
 
 
 class UnknownOutcomeError(Exception):
     """Raise from a handler when the effect may have happened (a lost reply, a timeout)."""
+
+
+class ProbeError(Exception):
+    """Raise from a prober when the provider could not be asked at all.
+
+    ``provider`` names the provider ("stripe", "github", "imap"), ``status`` the HTTP status
+    (or None). It is no observation of the effect: the effect stays UNKNOWN."""
+
+    def __init__(self, provider: str, detail: str, *, status: int | None = None) -> None:
+        self.provider = provider
+        self.detail = detail
+        self.status = status
+        super().__init__(f"{provider}: {detail}")
+
+
+class ProbeTransientError(ProbeError):
+    """The provider is busy, down or slow (429, 5xx, a timeout, a refused connection).
+
+    ``retry_after`` is how many seconds the provider asked us to wait (``Retry-After``,
+    a rate-limit reset), or None: the reconciler then backs off on its own schedule."""
+
+    def __init__(
+        self,
+        provider: str,
+        detail: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(provider, detail, status=status)
+        self.retry_after = retry_after
+
+
+class ProbeCredentialError(ProbeError):
+    """The provider refused the prober's credentials or permissions (401, a 403 that is
+    not a rate limit). Nothing will succeed until a person fixes the key."""

@@ -119,6 +119,16 @@ class InMemoryStore:
         wanted = set(states)
         return sum(1 for e in self._effects.values() if e.state in wanted)
 
+    def count_by_state(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for e in self._effects.values():
+            counts[str(e.state)] = counts.get(str(e.state), 0) + 1
+        return counts
+
+    def oldest_change(self, state: str) -> float | None:
+        times = [e.updated_at for e in self._effects.values() if e.state == state]
+        return min(times) if times else None
+
     def claim(
         self,
         effect_ids: Sequence[str],

@@ -260,6 +260,14 @@ class PostgresStore:
         )
         return int(row[0])
 
+    def count_by_state(self) -> dict[str, int]:
+        rows = self._all("SELECT state, count(*) FROM openonce_effects GROUP BY state", ())
+        return {str(state): int(n) for state, n in rows}
+
+    def oldest_change(self, state: str) -> float | None:
+        row = self._one("SELECT min(updated_at) FROM openonce_effects WHERE state = %s", (state,))
+        return row[0] if row else None
+
     def claim(
         self,
         effect_ids: Sequence[str],

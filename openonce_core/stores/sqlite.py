@@ -238,6 +238,18 @@ class SQLiteStore:
         )
         return int(row[0])
 
+    def count_by_state(self) -> dict[str, int]:
+        rows = self._conn().execute("SELECT state, count(*) FROM openonce_effects GROUP BY state")
+        return {str(state): int(n) for state, n in rows}
+
+    def oldest_change(self, state: str) -> float | None:
+        row = (
+            self._conn()
+            .execute("SELECT min(updated_at) FROM openonce_effects WHERE state = ?", (state,))
+            .fetchone()
+        )
+        return row[0] if row else None
+
     def claim(
         self,
         effect_ids: Sequence[str],

@@ -4,7 +4,7 @@ a Postgres ledger.
 Each test gets its own Postgres database (CREATE DATABASE oo_it_<random>, ``manage.py
 migrate`` into it, DROP ... WITH (FORCE) afterwards) and its own empty Redis database as
 broker, so tests never see each other's rows or messages. Probers come from
-``tests/daemon_probers.py``: order "paid-*" happened, "lost-*" did not, anything else is
+``tests/support/probers.py``: order "paid-*" happened, "lost-*" did not, anything else is
 inconclusive. Every wait is a bounded poll of the ledger that prints how long it took.
 
 Run with ``-s`` to see the timings.
@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from _daemon import (
+from celery import Celery
+
+from tests.support.daemon import (
     Agent,
     Ledger,
     Proc,
@@ -45,7 +47,6 @@ from _daemon import (
     start_worker,
     wait_until,
 )
-from celery import Celery
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """Probers for the daemon integration tests, loaded by worker processes through
-OPENONCE_PROBERS=tests.daemon_probers:PROBERS.
+OPENONCE_PROBERS=tests.support.probers:PROBERS.
 
 The fake provider's state is the effect's own arguments: an effect whose ``order`` starts
 with "paid-" was charged (HAPPENED, receipt bound to its provider key); "lost-" was not.

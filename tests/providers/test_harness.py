@@ -27,7 +27,7 @@ from openonce_core.testing import (
     fake_payment_capability,
 )
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "payment_timeout_after_commit.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "payment_timeout_after_commit.py"
 SCENARIOS = [
     "Normal success",
     "Explicit pre-side-effect failure",

@@ -44,7 +44,7 @@ LAUNCH_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 CONFIRM = "I have checked this effect and confirm the decision"
 
 

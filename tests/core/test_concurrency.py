@@ -6,7 +6,7 @@ on one key the handler runs once, and the others wait for its commit and replay 
 claim whose owner died is never run again: once its lease expires it is UNKNOWN.
 
 Every test runs on SQLite and Postgres (``durable_target``). Worker processes live in
-``tests/_workers.py`` and are started as plain ``python`` subprocesses, so they share
+``tests/support/workers.py`` and are started as plain ``python`` subprocesses, so they share
 nothing with the test process but the ledger.
 """
 
@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _workers import append_line, read_lines, wait_for_file
 
 from openonce_core import (
     EffectInFlightError,
@@ -34,8 +33,9 @@ from openonce_core import (
     OpenOnce,
     OutcomeUnknownError,
 )
+from tests.support.workers import append_line, read_lines, wait_for_file
 
-WORKERS = Path(__file__).with_name("_workers.py")
+WORKERS = Path(__file__).resolve().parents[1] / "support" / "workers.py"
 RACE_PROCESSES = 4
 RACE_KEYS = 200
 CHILD_LEASE = 1.0  # seconds; the lease the killed child holds

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 PG = os.environ.get("OPENONCE_TEST_PG", "postgresql://root@127.0.0.1:5432/test")
 

@@ -1,6 +1,6 @@
 """Worker processes for tests/test_concurrency.py.
 
-Run as ``python tests/_workers.py COMMAND 'JSON-KWARGS'``. Each worker opens its own
+Run as ``python tests/support/workers.py COMMAND 'JSON-KWARGS'``. Each worker opens its own
 ``OpenOnce(target)`` (a SQLite path or a Postgres DSN), so the only thing it shares with the
 test process and the other workers is the ledger itself. Everything a worker observes is
 written to files under the test's tmp_path, line by line and fsynced, so the test can read

@@ -5,7 +5,7 @@ Every child process is started with ``start_new_session=True`` so it leads its o
 group: ``Proc.stop()`` and ``Proc.kill9()`` signal the whole group (a prefork worker and its
 pool children together), and nothing outlives the test that started it.
 
-Also holds probers that fail, for OPENONCE_PROBERS=tests._daemon:FAILING_PROBERS.
+Also holds probers that fail, for OPENONCE_PROBERS=tests.support.daemon:FAILING_PROBERS.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from openonce_core import OpenOnce, OutcomeUnknownError
 from openonce_core.probe import ProbeResult
 from openonce_core.records import Effect
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 MANAGE = str(REPO / "manage.py")
 ADMIN_DSN = os.environ.get("OPENONCE_TEST_PG", "postgresql://root@127.0.0.1:5432/test")
@@ -150,7 +150,7 @@ def daemon_env(dsn: str, broker_url: str = "", **extra: str) -> dict[str, str]:
     }
     env.update(
         OPENONCE_DATABASE=dsn,
-        OPENONCE_PROBERS="tests.daemon_probers:PROBERS",
+        OPENONCE_PROBERS="tests.support.probers:PROBERS",
         OPENONCE_GRACE_SECONDS="0",
         OPENONCE_SWEEP_INTERVAL="1",
         DJANGO_SETTINGS_MODULE="openonce_site.settings.test",

@@ -18,7 +18,7 @@ import pytest
 
 from openonce_core import EffectState, OpenOnce
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Each example, and the words that say how its UNKNOWN charge was resolved.
 EXAMPLES = {

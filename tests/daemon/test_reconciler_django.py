@@ -25,7 +25,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from _daemon import (
+from django.core.exceptions import ImproperlyConfigured
+
+from openonce_core import OpenOnce
+from openonce_site import env as envmod
+from tests.support.daemon import (
     RaisingProber,
     daemon_env,
     fresh_database,
@@ -36,10 +40,6 @@ from _daemon import (
     start_manage,
     wait_until,
 )
-from django.core.exceptions import ImproperlyConfigured
-
-from openonce_core import OpenOnce
-from openonce_site import env as envmod
 
 ACTOR = "reconciler:daemon"
 LEDGER_TABLES = ("openonce_effects", "openonce_journal", "openonce_approvals", "openonce_schema")
@@ -408,7 +408,7 @@ def test_probe_errors_are_retried_then_escalated_via_env(tmp_path) -> None:
     with the error in the journal. (Test settings pin the backoff to 0.2 s.)"""
     target = str(tmp_path / "ledger.db")
     env = daemon_env(
-        target, OPENONCE_PROBERS="tests._daemon:FAILING_PROBERS", OPENONCE_PROBE_RETRIES="1"
+        target, OPENONCE_PROBERS="tests.support.daemon:FAILING_PROBERS", OPENONCE_PROBE_RETRIES="1"
     )
     migrate(env)
     eid = make_unknown(target, ["paid-e"])["paid-e"]
@@ -442,7 +442,7 @@ def test_probe_errors_are_retried_then_escalated_via_env(tmp_path) -> None:
 def test_no_probe_retries_escalates_at_once(tmp_path) -> None:
     target = str(tmp_path / "ledger.db")
     env = daemon_env(
-        target, OPENONCE_PROBERS="tests._daemon:FAILING_PROBERS", OPENONCE_PROBE_RETRIES="0"
+        target, OPENONCE_PROBERS="tests.support.daemon:FAILING_PROBERS", OPENONCE_PROBE_RETRIES="0"
     )
     migrate(env)
     eid = make_unknown(target, ["paid-z"])["paid-z"]
@@ -467,7 +467,7 @@ def ledger(transactional_db, settings) -> Iterator[str]:
     from openonce_site import ledger as site_ledger
 
     site_ledger.reset()
-    settings.OPENONCE_PROBERS = "tests.daemon_probers:PROBERS"
+    settings.OPENONCE_PROBERS = "tests.support.probers:PROBERS"
     settings.OPENONCE_GRACE_SECONDS = 0.0
     settings.OPENONCE_SWEEP_INTERVAL = 1.0
     target = site_ledger.ledger_target()

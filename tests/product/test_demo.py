@@ -10,7 +10,7 @@ from pathlib import Path
 
 from openonce_core import EffectState, OpenOnce
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_demo_leaves_what_an_operator_meets(tmp_path):

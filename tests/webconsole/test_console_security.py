@@ -33,7 +33,7 @@ from test_console_views import (
 
 from console.roles import PERMISSIONS, ROLES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ROLE_NAMES = ["anonymous", "norole", "viewer", "operator", "approver", "admin"]
 MISSING = "eff_00000000000000000000000000000000"
 
