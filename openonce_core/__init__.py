@@ -2,6 +2,10 @@
 
 Duplicates replay instead of re-running, ambiguous outcomes park as UNKNOWN instead of
 being retried blindly, and every transition leaves a journal line.
+
+This module is the public surface; everything else is an implementation module whose
+names may change. ``openonce_core.testing`` holds what you need to test your own code
+against OpenOnce (a FakeClock, fake providers, the fault harness).
 """
 
 from __future__ import annotations
@@ -9,18 +13,23 @@ from __future__ import annotations
 from typing import Any
 
 from .classify import Classifier, FailureClass
+from .clock import Clock, DatabaseClock, SystemClock
 from .errors import (
     ApprovalDenied,
     ApprovalExpired,
     ApprovalPending,
     ApproverAlreadyCounted,
     BusinessError,
+    CapabilityError,
+    ConfigurationError,
+    ConformanceError,
     EffectCancelled,
     EffectChangedError,
     EffectFailed,
     EffectInFlightError,
     EffectNotFoundError,
     FloatInKeyMaterialError,
+    HandlerNotStartedError,
     IdempotencyMismatchError,
     IllegalTransitionError,
     InvalidArgumentsError,
@@ -39,33 +48,60 @@ from .errors import (
     SchemaVersionError,
     ScopeRequiredError,
     UnknownOutcomeError,
+    WiringError,
 )
+from .ledger import Ledger
+from .observe import EffectEvent
 from .policy import PolicyDecision, all_of, require_approval_for
+from .probe import ProbeOutcome, Prober, ProbeResult
+from .probers import EmailMessageIdProber, GitHubPullRequestProber, StripeProber, effect_metadata
+from .providers import (
+    Capability,
+    CapabilityMatrix,
+    ConformanceScenario,
+    assert_conformance,
+    load_capabilities_file,
+)
+from .reconcile import Reconciler, ReconcileReport
 from .records import Approval, Effect, JournalEntry
-from .runtime import EffectContext, OpenOnce, current_effect, current_scope
-from .states import EffectState
+from .runtime import EffectContext, OpenOnce, current_effect, current_scope, load_pepper
+from .states import DECISIONS, MOVES, EffectState, decisions_allowed
 from .stores import InMemoryStore, SQLiteStore, Store, open_store
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DECISIONS",
+    "MOVES",
     "Approval",
     "ApprovalDenied",
     "ApprovalExpired",
     "ApprovalPending",
     "ApproverAlreadyCounted",
     "BusinessError",
+    "Capability",
+    "CapabilityError",
+    "CapabilityMatrix",
     "Classifier",
+    "Clock",
+    "ConfigurationError",
+    "ConformanceError",
+    "ConformanceScenario",
+    "DatabaseClock",
     "Effect",
     "EffectCancelled",
     "EffectChangedError",
     "EffectContext",
+    "EffectEvent",
     "EffectFailed",
     "EffectInFlightError",
     "EffectNotFoundError",
     "EffectState",
+    "EmailMessageIdProber",
     "FailureClass",
     "FloatInKeyMaterialError",
+    "GitHubPullRequestProber",
+    "HandlerNotStartedError",
     "IdempotencyMismatchError",
     "IllegalTransitionError",
     "InMemoryStore",
@@ -73,6 +109,7 @@ __all__ = [
     "InvalidReceiptError",
     "JournalEntry",
     "LeaseLostError",
+    "Ledger",
     "LedgerWriteError",
     "OpenOnce",
     "OpenOnceError",
@@ -81,25 +118,39 @@ __all__ = [
     "PostgresStore",
     "ProbeCredentialError",
     "ProbeError",
+    "ProbeOutcome",
+    "ProbeResult",
     "ProbeTransientError",
+    "Prober",
     "ProviderContractError",
     "ReceiptContractError",
+    "ReconcileReport",
+    "Reconciler",
     "ResultUnavailableError",
     "RetryableEffectError",
     "SQLiteStore",
     "SchemaVersionError",
     "ScopeRequiredError",
     "Store",
+    "StripeProber",
+    "SystemClock",
     "UnknownOutcomeError",
+    "WiringError",
     "all_of",
+    "assert_conformance",
     "current_effect",
     "current_scope",
+    "decisions_allowed",
+    "effect_metadata",
+    "load_capabilities_file",
+    "load_pepper",
     "open_store",
     "require_approval_for",
 ]
 
 
 def __getattr__(name: str) -> Any:
+    # Postgres support is an extra (``openonce[postgres]``): psycopg is imported on demand.
     if name == "PostgresStore":
         from .stores.postgres import PostgresStore
 

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import OpenOnceError
+from .errors import CapabilityError, OpenOnceError
 from .providers import (
     SCHEMA_VERSION,
     Capability,
-    CapabilityError,
     CapabilityMatrix,
     check_conformance_evidence,
     conformance_plan,

@@ -225,8 +225,37 @@ class LeaseLostError(LedgerWriteError):
     """Another owner took the effect over; this attempt's result was kept as evidence only."""
 
 
+class HandlerNotStartedError(OpenOnceError, RuntimeError):
+    """The handler never began (its event loop closed first): nothing was sent, and the
+    effect is PLANNED again, so the same call runs it later."""
+
+    def __init__(self, effect_id: str, detail: str) -> None:
+        self.effect_id = effect_id
+        super().__init__(f"effect {effect_id}: the handler never started ({detail}); call again")
+
+
 class SchemaVersionError(OpenOnceError):
-    pass
+    """The ledger schema is newer or older than this code; run ``openonce migrate``."""
+
+
+class ConfigurationError(OpenOnceError, ValueError):
+    """OpenOnce is set up in a way that cannot keep its promises (say, secret fields without
+    a pepper); the message says what to change."""
+
+
+class WiringError(OpenOnceError):
+    """A reference to probers, capabilities or pins that cannot be used as given."""
+
+
+class CapabilityError(OpenOnceError, ValueError):
+    """A capability, capability file or conformance file is malformed, or a pin is wrong.
+
+    The message names the file and the field, so the fix is one edit away.
+    """
+
+
+class ConformanceError(AssertionError):
+    """A prober's results do not match its capability's conformance plan."""
 
 
 class BusinessError(Exception):

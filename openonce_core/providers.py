@@ -37,7 +37,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .canonical import fingerprint as _fingerprint
-from .errors import OpenOnceError
+from .errors import CapabilityError, ConformanceError
 from .probe import ProbeOutcome, ProbeResult
 
 SCHEMA_VERSION = 1
@@ -60,23 +60,12 @@ TODO = "TODO"
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
-class CapabilityError(OpenOnceError, ValueError):
-    """A capability, capability file or conformance file is malformed, or a pin is wrong.
-
-    The message names the file and the field, so the fix is one edit away.
-    """
-
-
 class _InvalidCapability(CapabilityError):
     """A semantic contradiction in one field; ``capability_from_json`` re-labels it."""
 
     def __init__(self, name: str, problem: str) -> None:
         self.problem = problem
         super().__init__(f"capability {name!r}: {problem}")
-
-
-class ConformanceError(AssertionError):
-    """A prober's results do not match its capability's conformance plan."""
 
 
 # -- the capability -----------------------------------------------------------------------

@@ -1,19 +1,27 @@
 """The reconciler: resolves what a timeout left open, with evidence, never by retrying.
 
-For each due effect it decides one of three things:
+For each due effect it decides one of these:
 
-* a STARTED effect whose lease ran out becomes UNKNOWN (an expired lease proves nothing);
+* a STARTED effect whose lease ran out, or whose owner process on this host is gone,
+  becomes UNKNOWN (an expired lease proves nothing);
 * an UNKNOWN effect past its grace window is probed. HAPPENED with a non-empty receipt
   bound to this effect commits the receipt; NOT_HAPPENED re-arms it, but only where the
-  provider capability says a miss is authoritative; everything else — inconclusive, a
-  prober that raised or timed out, a receipt naming another effect, contradictory
+  provider capability says a miss is authoritative, and — when the call's lease ran out,
+  so that it may still be running — only once the grace has passed since the lease's end;
+  everything else — inconclusive, a receipt naming another effect, contradictory
   observations, a broken receipt contract, no prober at all — goes to HUMAN_REVIEW with
   the capability's guidance in the note;
-* nothing else is touched.
+* a prober that could not ask the provider says nothing about the effect: a transient
+  failure (429, 5xx, a timeout) is asked again later, honouring the provider's
+  ``Retry-After``, and goes to a person only after a bounded number of attempts or time; a
+  refused credential marks the prober failing (``ReconcileReport.prober_failures``) and the
+  effect simply waits — a revoked key must not flood the human queue.
 
-Every decision is a conditional transition on the fence the reconciler read, so two
-reconcilers (or a Celery task delivered twice) racing on one effect resolve it once: the
-loser's write matches no row, it counts the race and moves on.
+Every decision is a conditional move on the fence the reconciler read, so two reconcilers
+(or a Celery task delivered twice) racing on one effect resolve it once. The loser's
+observation is not thrown away (invariant 7): it is journaled, and if it contradicts what
+the winner decided — a receipt for an effect a person just re-armed — the effect goes to a
+person.
 """
 
 from __future__ import annotations
@@ -27,15 +35,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .canonical import check_json
-from .errors import InvalidArgumentsError
+from .clock import Clock
+from .errors import InvalidArgumentsError, ProbeCredentialError, ProbeError, ProbeTransientError
+from .leases import HOST, dead_owner
+from .ledger import Then
 from .probe import ProbeOutcome, Prober, ProbeResult
 from .providers import Capability, CapabilityMatrix, check_receipt
-from .records import Effect, now
+from .records import Effect
 from .runtime import OpenOnce
 from .states import EffectState
 from .stores.base import Store
 
 S = EffectState
+
+MAX_BACKOFF = 900.0  # the longest pause between two probes of one effect
+KEEP_ATTEMPTS = 20  # failed probe attempts kept in an effect's evidence
 
 
 @dataclass
@@ -46,12 +60,15 @@ class ReconcileReport:
     committed: list[str] = field(default_factory=list)
     rearmed: list[str] = field(default_factory=list)
     escalated: list[str] = field(default_factory=list)
-    retried: list[str] = field(default_factory=list)  # prober failed; asked again later
+    retried: list[str] = field(default_factory=list)  # the prober failed; asked again later
+    skipped: list[str] = field(default_factory=list)  # left for later: the batch ran out of time
     # UNKNOWN effects left after the sweep: in their grace window, in probe backoff, or
     # claimed by another reconciler.
     waiting: int = 0
-    lost_races: int = 0  # another reconciler decided first
+    lost_races: int = 0  # another reconciler (or a person) decided first
     outcomes: dict[str, int] = field(default_factory=dict)
+    # Provider -> why its prober cannot work now (a refused key): health turns red.
+    prober_failures: dict[str, str] = field(default_factory=dict)
 
     @property
     def resolved(self) -> int:
@@ -63,10 +80,12 @@ class ReconcileReport:
         self.rearmed += other.rearmed
         self.escalated += other.escalated
         self.retried += other.retried
+        self.skipped += other.skipped
         self.waiting += other.waiting
         self.lost_races += other.lost_races
         for k, v in other.outcomes.items():
             self.outcomes[k] = self.outcomes.get(k, 0) + v
+        self.prober_failures.update(other.prober_failures)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,18 +94,25 @@ class ReconcileReport:
             "rearmed": self.rearmed,
             "escalated": self.escalated,
             "retried": self.retried,
+            "skipped": self.skipped,
             "waiting": self.waiting,
             "lost_races": self.lost_races,
             "outcomes": self.outcomes,
+            "prober_failures": self.prober_failures,
         }
 
     def __str__(self) -> str:
-        return (
+        text = (
             f"expired {len(self.expired)}, committed {len(self.committed)},"
             f" re-armed {len(self.rearmed)}, to human review {len(self.escalated)},"
             f" probe retries {len(self.retried)},"
             f" still unknown {self.waiting}, lost races {self.lost_races}"
         )
+        if self.prober_failures:
+            text += "; failing probers: " + ", ".join(
+                f"{p} ({why})" for p, why in sorted(self.prober_failures.items())
+            )
+        return text
 
 
 ConformanceGate = Callable[[Capability], list[str]]
@@ -107,9 +133,14 @@ class Reconciler:
         probe_timeout: float = 30.0,
         probe_retries: int = 0,
         retry_backoff: float = 5.0,
+        transient_retries: int = 8,
+        transient_window: float = 3600.0,
+        stale_call_grace: float = 300.0,
         owner: str = "reconciler",
+        clock: Clock | None = None,
     ) -> None:
-        self.oo = target if isinstance(target, OpenOnce) else OpenOnce(target)
+        self.oo = target if isinstance(target, OpenOnce) else OpenOnce(target, clock=clock)
+        self.clock: Clock = clock or self.oo.clock
         self.matrix = CapabilityMatrix(extra=(*self.oo.extra_capabilities, *extra_capabilities))
         self.grace_seconds = grace_seconds
         self.grace_overrides = dict(grace_overrides or {})
@@ -121,6 +152,13 @@ class Reconciler:
         # is asked again after a growing pause before the effect goes to a person.
         self.probe_retries = probe_retries
         self.retry_backoff = retry_backoff
+        # A provider that is busy or down (ProbeTransientError) is asked again up to this
+        # many times, or for this long, before a person is asked instead.
+        self.transient_retries = transient_retries
+        self.transient_window = transient_window
+        # A miss soon after a lease ran out is no evidence: the call may still be running
+        # (stopped, cut off). Re-arming on a miss waits this long after the lease's end.
+        self.stale_call_grace = stale_call_grace
         self.actor = owner if ":" in owner else f"reconciler:{owner}"
         self._claimer = f"{self.actor}#{uuid.uuid4().hex[:8]}"
         self._probers: dict[str, list[AnyProber]] = {}
@@ -151,13 +189,18 @@ class Reconciler:
     # -- sweeping -------------------------------------------------------------------------
 
     def due(self, limit: int = 500, at: float | None = None) -> list[Effect]:
-        """Effects a sweep would act on now: expired leases, then UNKNOWN past grace."""
-        at = at if at is not None else now()
+        """Effects a sweep would act on now: expired leases and owners gone from this host,
+        then UNKNOWN past grace."""
+        at = at if at is not None else self.clock.now()
         found = self.store.expired_leases(at, limit)
+        seen = {e.id for e in found}
+        for effect in self.store.started_by(HOST + ":", limit):
+            if effect.id not in seen and dead_owner(effect.lease_owner):
+                found.append(effect)
         room = limit - len(found)
         if room > 0:
             found += self._due_unknown(at, room)
-        return found
+        return found[:limit]
 
     def _due_unknown(self, at: float, limit: int) -> list[Effect]:
         """UNKNOWN effects past their own grace (or probe backoff), oldest first.
@@ -178,7 +221,7 @@ class Reconciler:
 
     def run_once(self, limit: int = 500) -> ReconcileReport:
         report = ReconcileReport()
-        at = now()
+        at = self.clock.now()
         for effect in self.due(limit, at):
             self._reconcile(effect, report, at)
         report.waiting = self.store.count([S.UNKNOWN])
@@ -189,34 +232,45 @@ class Reconciler:
         claimed for ``owner`` during ``ttl`` seconds so that the next tick does not hand
         them out again while they wait in the queue. If the worker that gets them dies,
         the claim lapses and a later tick hands them out anew."""
-        at = now()
+        at = self.clock.now()
         due = self.due(limit, at)
-        expired = [e.id for e in due if e.state == S.STARTED]
+        started = [e.id for e in due if e.state == S.STARTED]
         unknown = [e.id for e in due if e.state == S.UNKNOWN]
-        return expired + self.store.claim(unknown, owner, at + ttl, at)
+        return started + self.oo.ledger.claim_for_probe(unknown, owner, at + ttl)
 
     def reconcile_ids(
         self,
         effect_ids: Iterable[str],
         dispatched_by: str | None = None,
         claimer: str | None = None,
+        *,
+        deadline: float | None = None,
     ) -> ReconcileReport:
         """Re-read the effects and act on those still due: a task delivered twice, or an
         id another worker already resolved, is harmless. ``dispatched_by`` is the claim
         the dispatcher took for this batch; ``claimer`` names this batch's probe claims
         (a Celery task id), so a redelivery of a batch whose worker died can take over its
-        own claims at once instead of waiting for them to lapse."""
+        own claims at once instead of waiting for them to lapse.
+
+        ``deadline`` (``time.monotonic()`` seconds) stops the batch before a probe could
+        run past it; the effects not reached are in ``report.skipped``, still due."""
         report = ReconcileReport()
-        at = now()
+        at = self.clock.now()
         own = tuple(o for o in (dispatched_by, claimer) if o)
         for effect in self.store.get_many(list(effect_ids)):
+            if deadline is not None:
+                probes = max(1, len(self._probers.get(effect.tool, ())))
+                if time.monotonic() + self.probe_timeout * probes > deadline:
+                    report.skipped.append(effect.id)
+                    continue
             if self._is_due(effect, at, own):
                 self._reconcile(effect, report, at, own, claimer)
         return report
 
     def _is_due(self, effect: Effect, at: float, own: tuple[str, ...] = ()) -> bool:
         if effect.state == S.STARTED:
-            return effect.lease_expires_at is not None and effect.lease_expires_at <= at
+            expired = effect.lease_expires_at is not None and effect.lease_expires_at <= at
+            return expired or dead_owner(effect.lease_owner) is not None
         if effect.state != S.UNKNOWN or at < effect.updated_at + self._pause(effect):
             return False
         # Someone else is probing it (or has it queued): leave it to them.
@@ -226,9 +280,7 @@ class Reconciler:
     def _pause(self, effect: Effect) -> float:
         """How long after its last change an UNKNOWN effect waits: its grace window, or the
         backoff after a failed probe, whichever is longer."""
-        errors = _probe_errors(effect)
-        backoff = self.retry_backoff * 2 ** (errors - 1) if errors else 0.0
-        return max(self.grace_for(effect.tool), backoff)
+        return max(self.grace_for(effect.tool), float(_failures(effect).get("wait", 0.0)))
 
     def grace_for(self, tool: str) -> float:
         if tool in self.grace_overrides:
@@ -254,7 +306,7 @@ class Reconciler:
         claimer: str | None = None,
     ) -> None:
         if effect.state == S.STARTED:
-            if self.oo._expire_lease(effect):
+            if self.oo.expire_lease(effect, dead=dead_owner(effect.lease_owner)):
                 report.expired.append(effect.id)
             else:
                 report.lost_races += 1
@@ -264,8 +316,8 @@ class Reconciler:
         # not both ask the provider; the claim bumps the fence our decision is made on.
         until = at + self.probe_timeout * max(1, len(probers or ())) + 5
         claimer = claimer or self._claimer
-        if not self.store.claim(
-            [effect.id], claimer, until, at, steal_from=own, expect_fence=effect.fence
+        if not self.oo.ledger.claim_for_probe(
+            [effect.id], claimer, until, steal_from=own, expect_fence=effect.fence
         ):
             report.lost_races += 1
             return
@@ -295,26 +347,71 @@ class Reconciler:
             name = "error" if _failed(result) else str(result.outcome)
             report.outcomes[name] = report.outcomes.get(name, 0) + 1
         failures = [r for r in results if _failed(r)]
-        if failures and _probe_errors(effect) < self.probe_retries:
-            self._retry_later(effect, failures, report)
+        if failures and self._retry_later(effect, failures, report, guidance):
             return
         self._decide(effect, results, capabilities, guidance, report)
 
     def _retry_later(
-        self, effect: Effect, failures: list[ProbeResult], report: ReconcileReport
-    ) -> None:
-        errors = _probe_errors(effect) + 1
+        self,
+        effect: Effect,
+        failures: list[ProbeResult],
+        report: ReconcileReport,
+        guidance: str,
+    ) -> bool:
+        """Ask again later when the prober could not ask the provider. False when the
+        effect should go to a person now instead (its retries are used up)."""
+        history = _failures(effect)
+        attempts = [
+            *history.get("attempts", []),
+            *(_attempt(r, self.clock.now()) for r in failures),
+        ]
+        credential = [r for r in failures if r.observed.get("credential")]
+        transient = [r for r in failures if r.observed.get("transient")]
+        for r in credential:
+            report.prober_failures[str(r.observed.get("provider", "?"))] = r.detail
+        count = int(history.get("count", 0)) + 1
+        first = float(history.get("since", self.clock.now()))
+        if credential:
+            # Nothing succeeds until a person fixes the key: wait, do not flood the queue.
+            wait = min(MAX_BACKOFF, self.retry_backoff * 2 ** min(count - 1, 10))
+        elif transient and len(transient) == len(failures):
+            if count > self.transient_retries or self.clock.now() - first > self.transient_window:
+                return False
+            asked = max((float(r.observed.get("retry_after") or 0) for r in transient), default=0.0)
+            wait = min(MAX_BACKOFF, max(asked, self.retry_backoff * 2 ** min(count - 1, 10)))
+        elif count <= self.probe_retries:
+            wait = self.retry_backoff * 2 ** (count - 1)
+        else:
+            return False
         detail = "; ".join(r.detail for r in failures)
-        pause = self.retry_backoff * 2 ** (errors - 1)
         evidence = dict(effect.verification_evidence or {})
-        evidence["probe_errors"] = [effect.attempt, errors]
-        moved = self.oo._move(
-            effect, S.UNKNOWN, "retry probe", actor=self.actor,
-            reason=f"probe failed ({errors}/{self.probe_retries}): {detail};"
-            f" asking again in {pause:g}s", evidence={"probe_error": detail, "retry": errors},
+        evidence["probe_failures"] = {
+            "attempt": effect.attempt,
+            "count": count,
+            "since": first,
+            "wait": wait,
+            "attempts": attempts[-KEEP_ATTEMPTS:],
+        }
+        kind = (
+            "credential refused"
+            if credential
+            else "provider unavailable"
+            if transient
+            else "probe failed"
+        )
+        limit = (
+            ""
+            if credential
+            else f" ({count}/{self.transient_retries if transient else self.probe_retries})"
+        )
+        moved = self.oo.ledger.move(
+            effect, "reprobe", S.UNKNOWN, actor=self.actor,
+            reason=f"{kind}{limit}: {detail}; asking again in {wait:g}s",
+            evidence={"probe_error": detail, "retry": count, "wait": wait},
             changes={"verification_evidence": evidence},
         )  # fmt: skip
         self._count(moved, effect, report.retried, report)
+        return True
 
     def _conformance_problems(self, capabilities: list[Capability]) -> list[str]:
         if not capabilities:
@@ -325,18 +422,23 @@ class Reconciler:
 
     def _probe(self, prober: AnyProber, effect: Effect) -> ProbeResult:
         """Run the prober with a time limit; anything but a well-formed, bound result is
-        inconclusive ("could not verify" is not "did not happen")."""
+        inconclusive ("could not verify" is not "did not happen").
+
+        An exception raised *in this thread* while waiting — a Celery soft time limit, an
+        interrupt — is not the prober's: it propagates, so the task can stop cleanly."""
         call = prober.probe if hasattr(prober, "probe") else prober
         started = time.monotonic()
+        future = self._pool.submit(call, effect)
         try:
-            result = self._pool.submit(call, effect).result(timeout=self.probe_timeout)
+            result = future.result(timeout=self.probe_timeout)
         except concurrent.futures.TimeoutError:
-            return _inconclusive(f"probe timed out after {self.probe_timeout:g}s", error=True)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as exc:  # CancelledError too: one prober must not end a sweep
-            detail = f"prober raised {type(exc).__name__}: {exc}"[:500]
-            return _inconclusive(detail, error=True)
+            future.cancel()
+            return _inconclusive(f"probe timed out after {self.probe_timeout:g}s", transient=True)
+        except BaseException as exc:
+            if not future.done() or future.exception() is not exc:
+                future.cancel()
+                raise  # not the prober's failure
+            return _prober_failure(exc)
         if not isinstance(result, ProbeResult) or not isinstance(result.outcome, ProbeOutcome):
             return _inconclusive(f"prober returned {type(result).__name__}, not a ProbeResult")
         elapsed = time.monotonic() - started
@@ -370,7 +472,8 @@ class Reconciler:
     ) -> None:
         # Evidence aggregates across attempts: earlier observations stay in the record.
         history = list((effect.verification_evidence or {}).get("observations", []))
-        seen = [_observation(r, effect.attempt) for r in results]
+        now = self.clock.now()
+        seen = [_observation(r, effect.attempt, now) for r in results]
         observations = [*history, *seen]
         outcomes = {r.outcome for r in results}
         if {ProbeOutcome.HAPPENED, ProbeOutcome.NOT_HAPPENED} <= outcomes:
@@ -397,13 +500,17 @@ class Reconciler:
             if any(r.receipt != first.receipt for r in results):
                 # Happened for sure, but two receipts may mean two effects: say so.
                 reason += "; probers returned different receipts, a duplicate may exist"
-            moved = self.oo._move(
-                effect, S.COMMITTED, "reconcile", actor=self.actor, reason=reason,
+            moved = self.oo.ledger.move(
+                effect, "probe_happened", S.RECEIPT_RECORDED, actor=self.actor, reason=reason,
                 evidence={"probe": "happened", "observations": seen},
                 changes={"result": first.receipt, "verification_status": "confirmed",
                          "verification_evidence": {"observations": observations}},
+                then=Then("check_receipt", S.COMMITTED, "receipt meets the provider contract"),
             )  # fmt: skip
-            self._count(moved, effect, report.committed, report)
+            if not moved:
+                self._lost_race(effect, first, report)
+                return
+            report.committed.append(effect.id)
             return
         if not self.matrix.can_auto_rearm(effect.tool, self._pins.get(effect.tool)):
             self._escalate(
@@ -412,14 +519,73 @@ class Reconciler:
                 f" {effect.tool} on a miss", guidance, observations,
             )  # fmt: skip
             return
-        moved = self.oo._move(
-            effect, S.PLANNED, "reconcile", actor=self.actor,
+        young = self._too_soon_after_lease(effect, now)
+        if young:
+            # The call whose lease ran out may still be running: wait before trusting a miss.
+            evidence = dict(effect.verification_evidence or {})
+            evidence["observations"] = observations
+            evidence["probe_failures"] = {
+                **_failures(effect),
+                "attempt": effect.attempt,
+                "wait": young,
+            }
+            moved = self.oo.ledger.move(
+                effect, "reprobe", S.UNKNOWN, actor=self.actor,
+                reason="no trace yet, but the call's lease ran out only"
+                f" {now - _lease_end(effect):.0f}s ago and it may still be running;"
+                f" asking again in {young:.0f}s",
+                evidence={"probe": "not_happened", "observations": seen, "wait": young},
+                changes={"verification_evidence": evidence},
+            )  # fmt: skip
+            self._count(moved, effect, report.retried, report)
+            return
+        moved = self.oo.ledger.move(
+            effect, "probe_not_happened", S.PLANNED, actor=self.actor,
             reason=first.detail or "probe found no trace past the grace window; re-armed",
             evidence={"probe": "not_happened", "observations": seen},
             changes={"verification_status": "absent",
                      "verification_evidence": {"observations": observations}},
         )  # fmt: skip
-        self._count(moved, effect, report.rearmed, report)
+        if not moved:
+            self._lost_race(effect, first, report)
+            return
+        report.rearmed.append(effect.id)
+
+    def _too_soon_after_lease(self, effect: Effect, now: float) -> float:
+        """Seconds still to wait before a miss may re-arm an effect whose lease ran out
+        (0 when its owner is known to be gone, or it did not end by a lease)."""
+        evidence = effect.execution_evidence or {}
+        if not evidence.get("lease_expired") or evidence.get("owner_gone"):
+            return 0.0
+        window = max(self.grace_for(effect.tool), self.stale_call_grace)
+        return max(0.0, _lease_end(effect) + window - now)
+
+    def _lost_race(self, effect: Effect, result: ProbeResult, report: ReconcileReport) -> None:
+        """A decisive observation arrived after someone else moved the effect. Keep it; if
+        it contradicts the newer state, a person must look."""
+        report.lost_races += 1
+        current = self.store.get(effect.id)
+        if current is None:
+            return
+        observation = _observation(result, effect.attempt, self.clock.now())
+        # A miss agrees with anything (after a commit it is a lagging index); a find agrees
+        # only with the same receipt, or with a person already looking. A find after a
+        # re-arm, a retry, a cancel or another receipt may mean the effect happened twice.
+        agrees = (
+            result.outcome is not ProbeOutcome.HAPPENED
+            or current.state in (S.HUMAN_REVIEW, S.UNKNOWN)
+            or (current.state == S.COMMITTED and current.result == result.receipt)
+        )
+        reason = f"probe found {result.outcome} after the effect was moved to {current.state}"
+        evidence = {"observation": observation, "probed_attempt": effect.attempt}
+        if agrees or not self.oo.ledger.move(
+            current, "contradict", S.HUMAN_REVIEW, actor=self.actor,
+            reason=reason + "; it contradicts that decision: check the provider for a duplicate",
+            evidence=evidence, changes={"verification_status": "contradicted"},
+        ):  # fmt: skip
+            self.oo.ledger.note(effect.id, actor=self.actor, reason=reason, evidence=evidence)
+            return
+        report.escalated.append(effect.id)
 
     def _escalate(
         self,
@@ -434,8 +600,8 @@ class Reconciler:
         if observations is not None:
             changes["verification_evidence"] = {"observations": observations}
             evidence["observations"] = observations
-        moved = self.oo._move(
-            effect, S.HUMAN_REVIEW, "escalate", actor=self.actor,
+        moved = self.oo.ledger.move(
+            effect, "escalate", S.HUMAN_REVIEW, actor=self.actor,
             reason=why, evidence=evidence, changes=changes,
         )  # fmt: skip
         self._count(moved, effect, report.escalated, report)
@@ -485,14 +651,40 @@ def _receipt_problem(receipt: Any) -> str:
     return ""
 
 
+def _prober_failure(exc: BaseException) -> ProbeResult:
+    """What a prober's exception tells: which provider failed how, and when to ask again."""
+    if isinstance(exc, ProbeError):
+        observed: dict[str, Any] = {"probe_error": True, "provider": exc.provider}
+        if exc.status is not None:
+            observed["status"] = exc.status
+        if isinstance(exc, ProbeCredentialError):
+            observed["credential"] = True
+        elif isinstance(exc, ProbeTransientError):
+            observed["transient"] = True
+            if exc.retry_after is not None:
+                observed["retry_after"] = exc.retry_after
+        return ProbeResult(
+            ProbeOutcome.INCONCLUSIVE,
+            detail=f"{type(exc).__name__}: {exc}"[:500],
+            observed=observed,
+        )
+    return _inconclusive(f"prober raised {type(exc).__name__}: {exc}"[:500], error=True)
+
+
 def _inconclusive(
-    detail: str, original: ProbeResult | None = None, *, error: bool = False
+    detail: str,
+    original: ProbeResult | None = None,
+    *,
+    error: bool = False,
+    transient: bool = False,
 ) -> ProbeResult:
     observed: dict[str, Any] = {}
     if original is not None:
         observed = {"claimed": str(original.outcome), "receipt": original.receipt}
-    if error:
+    if error or transient:
         observed["probe_error"] = True
+    if transient:
+        observed["transient"] = True
     return ProbeResult(ProbeOutcome.INCONCLUSIVE, detail=detail, observed=observed)
 
 
@@ -501,18 +693,29 @@ def _failed(result: ProbeResult) -> bool:
     return result.observed.get("probe_error") is True
 
 
-def _probe_errors(effect: Effect) -> int:
-    """Failed probes of the current attempt so far."""
-    attempt, count = (effect.verification_evidence or {}).get("probe_errors", (0, 0))
-    return int(count) if attempt == effect.attempt else 0
+def _failures(effect: Effect) -> dict[str, Any]:
+    """Failed probes of the current attempt so far (count, since, wait, attempts)."""
+    doc = (effect.verification_evidence or {}).get("probe_failures") or {}
+    return doc if isinstance(doc, dict) and doc.get("attempt") == effect.attempt else {}
 
 
-def _observation(result: ProbeResult, attempt: int) -> dict[str, Any]:
+def _attempt(result: ProbeResult, at: float) -> dict[str, Any]:
+    keep = {k: v for k, v in result.observed.items() if k in ("provider", "status", "retry_after")}
+    return {"at": at, "detail": result.detail[:300], **keep}
+
+
+def _lease_end(effect: Effect) -> float:
+    evidence = effect.execution_evidence or {}
+    end = evidence.get("lease_expired_at")
+    return float(end) if isinstance(end, int | float) else effect.updated_at
+
+
+def _observation(result: ProbeResult, attempt: int, at: float) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "outcome": str(result.outcome),
         "detail": result.detail,
         "attempt": attempt,
-        "at": now(),
+        "at": at,
     }
     if result.receipt is not None and _receipt_problem(result.receipt) == "":
         doc["receipt"] = result.receipt

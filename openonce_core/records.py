@@ -11,11 +11,14 @@ from .states import EffectState
 
 
 def now() -> float:
+    """This host's clock; the core itself takes its time from its Clock (clock.py)."""
     return time.time()
 
 
 def new_effect_id() -> str:
-    return "eff_" + uuid.uuid4().hex
+    """``eff_`` + 32 hex digits: 12 of milliseconds, then 20 random. Ids sort by creation
+    time, so new rows land at the end of the primary key's index instead of anywhere."""
+    return f"eff_{int(time.time() * 1000):012x}{uuid.uuid4().hex[:20]}"
 
 
 # Not frozen only because a frozen __init__ costs more than the rest of a SQLite replay;
@@ -57,6 +60,7 @@ class JournalEntry:
     evidence: dict[str, Any] | None = None
     at: float = field(default_factory=now)
     seq: int | None = None  # assigned by the store, orders the journal
+    action: str = ""  # the move of openonce_core.states.MOVES that wrote this line
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Journal and approvals name their effect without a foreign key: the core is their only
 # writer and always writes them in the effect's own transaction, and a foreign key would
@@ -101,6 +101,25 @@ _V1 = [
     "CREATE INDEX openonce_approvals_effect ON openonce_approvals (effect_id, id)",
 ]
 
+# Version 2: the journal names the move of the state table behind each line (so the audit
+# log can filter by action and a journal can be replayed through the table); waiting
+# duplicates register outside the effects table, so registering is no durable write.
+_V2 = [
+    "ALTER TABLE openonce_journal ADD COLUMN action text NOT NULL DEFAULT ''",
+    "ALTER TABLE openonce_effects DROP COLUMN waiters",
+]
+_V2_PG = [
+    # UNLOGGED: no WAL, and a commit that touched only this table does not wait for fsync.
+    # Lost on a crash, which only costs waiters a one-second re-read.
+    """
+    CREATE UNLOGGED TABLE openonce_waiters (
+        effect_id text NOT NULL,
+        token text NOT NULL,
+        PRIMARY KEY (effect_id, token)
+    )
+    """,
+]
+
 # The journal is append-only: the database itself refuses to change or delete a line.
 _PG_APPEND_ONLY = [
     """
@@ -149,9 +168,12 @@ def _to_sqlite(stmt: str) -> str:
 def migrations(dialect: str) -> dict[int, list[str]]:
     """Statements per version for ``dialect`` ("postgres" or "sqlite")."""
     if dialect == "postgres":
-        return {1: _V1 + _PG_APPEND_ONLY}
+        return {1: _V1 + _PG_APPEND_ONLY, 2: _V2 + _V2_PG}
     if dialect == "sqlite":
-        return {1: [_to_sqlite(s) for s in _V1] + _SQLITE_APPEND_ONLY}
+        return {
+            1: [_to_sqlite(s) for s in _V1] + _SQLITE_APPEND_ONLY,
+            2: [_to_sqlite(s) for s in _V2],
+        }
     raise ValueError(f"unknown dialect {dialect!r}")
 
 

@@ -11,7 +11,10 @@
 * :func:`fake_payment_capability` — the provider capability that lets a mature miss of
   the fake re-arm an effect (tier 1: the fake dedups by our provider key);
 * :class:`SafetyCheck`, :class:`SafetyReport`, :class:`NaiveRetryComparison` — the
-  report the CLI prints as text or JSON.
+  report the CLI prints as text or JSON;
+* :class:`FakeClock` — a ledger clock a test moves by hand (``OpenOnce(..., clock=clock)``,
+  ``Reconciler(..., clock=clock)``), so leases, grace windows, approval expiry and
+  backoff are tested without sleeping.
 
 "Safe under tested conditions" describes only the scenarios a suite ran. It is not
 formal verification: the fake models a few failure modes of a real provider, not all.
@@ -27,9 +30,26 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from .clock import FakeClock
+from .errors import BusinessError
 from .probe import ProbeOutcome, ProbeResult
 from .providers import TIER_1_NATIVE_IDEMPOTENCY_KEY, Capability
 from .records import Effect
+
+__all__ = [
+    "Charge",
+    "ChargeDeclined",
+    "ChargeFault",
+    "FakeClock",
+    "FakePaymentProber",
+    "FakePaymentProvider",
+    "LookupUnavailableError",
+    "NaiveRetryComparison",
+    "SafetyCheck",
+    "SafetyReport",
+    "SearchPage",
+    "fake_payment_capability",
+]
 
 SAFE = "SAFE UNDER TESTED CONDITIONS"
 REPORT_SCHEMA_VERSION = 1
@@ -52,7 +72,7 @@ class ChargeFault(StrEnum):
     LOST_REPLY = "lost_reply"
 
 
-class ChargeDeclined(Exception):
+class ChargeDeclined(BusinessError):
     """The fake provider refused the charge before committing it (nothing was charged)."""
 
 

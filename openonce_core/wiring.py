@@ -10,15 +10,11 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .errors import OpenOnceError
+from .errors import WiringError
 from .providers import Capability, check_conformance_evidence, load_capabilities_file
 from .providers import load_conformance_file as _load_conformance
 from .reconcile import Reconciler
 from .runtime import OpenOnce
-
-
-class WiringError(OpenOnceError):
-    """A reference to probers, capabilities or pins that cannot be used as given."""
 
 
 def load_object(ref: str) -> Any:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..clock import Clock
 from .base import Store, Watch
-from .memory import InMemoryStore
-from .sqlite import SQLiteStore
+from .sqlite import InMemoryStore, SQLiteStore
 
 __all__ = ["InMemoryStore", "PostgresStore", "SQLiteStore", "Store", "Watch", "open_store"]
 
@@ -20,16 +20,17 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def open_store(target: str) -> Store:
-    """``":memory:"``, a ``postgresql://`` DSN, or a SQLite file path."""
+def open_store(target: str, *, clock: Clock | None = None) -> Store:
+    """``":memory:"``, a ``postgresql://`` DSN, or a SQLite file path. ``clock`` replaces the
+    store's own time source (tests pass a FakeClock)."""
     if type(target) is not str or not target:
         raise ValueError("give a SQLite path, a postgresql:// DSN, ':memory:' or a Store")
     if target == ":memory:":
-        return InMemoryStore()
+        return InMemoryStore(clock=clock)
     if target.startswith(("postgresql://", "postgres://")) or (
         "=" in target and "dbname" in target
     ):
         from .postgres import PostgresStore
 
-        return PostgresStore(target)
-    return SQLiteStore(target)
+        return PostgresStore(target, clock=clock)
+    return SQLiteStore(target, clock=clock)

@@ -1,9 +1,14 @@
 """The protocol every ledger store implements, and the in-process wake-up board.
 
-Stores persist; they do not decide. Every rule lives in the core, which asks a store for
-*conditional* changes: ``update`` applies only if the effect is still in one of the
-expected states with the expected fence, and writes the journal entry (and approval, if
-any) in the same transaction. A store never changes state on its own.
+Stores persist; they do not decide. Every rule lives in the core, and only one module of
+it writes: :class:`openonce_core.ledger.Ledger`, which checks each move against the state
+table and then asks a store for a *conditional* change — ``update`` applies only if the
+effect is still in one of the expected states with the expected fence, and writes its
+journal lines (and approval, if any) in the same transaction. A store never changes state
+on its own, and nothing but the Ledger calls its write methods.
+
+Stores are safe under ``fork``: a child process never uses a connection, pool, lock or
+thread it inherited (see ``forksafe.py``).
 """
 
 from __future__ import annotations
@@ -12,35 +17,33 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+from ..clock import Clock
 from ..records import Approval, Effect, JournalEntry
+from .sql import ReplayRow
 
 
 class Store(Protocol):
+    dialect: str  # "memory", "sqlite" or "postgres"
+    clock: Clock  # the ledger's time source (the database's clock on Postgres)
+
     def migrate(self) -> int: ...
     def schema_version(self) -> int: ...
+
+    # -- reads ----------------------------------------------------------------------------
     def get(self, effect_id: str) -> Effect | None: ...
     def find(self, tool: str, idempotency_key: str) -> Effect | None: ...
-    def insert(self, effect: Effect, entry: JournalEntry) -> bool: ...
-    def update(
-        self,
-        effect_id: str,
-        expect_states: Sequence[str],
-        expect_fence: int,
-        changes: dict[str, Any],
-        entry: JournalEntry,
-        approval: Approval | None = None,
-    ) -> bool: ...
-    def append_journal(self, entry: JournalEntry) -> None: ...
+    def find_replay(self, tool: str, idempotency_key: str) -> ReplayRow | None: ...
+    def get_many(self, effect_ids: Sequence[str]) -> list[Effect]: ...
     def journal(self, effect_id: str) -> list[JournalEntry]: ...
     def approvals(self, effect_id: str) -> list[Approval]: ...
     def list_effects(
         self, states: Iterable[str] | None = None, limit: int = 100
     ) -> list[Effect]: ...
     def expired_leases(self, at: float, limit: int = 100) -> list[Effect]: ...
+    def started_by(self, owner_prefix: str, limit: int = 100) -> list[Effect]: ...
     def due_unknown(
         self, before: float, limit: int = 100, after: tuple[float, str] | None = None
     ) -> list[Effect]: ...
-    def get_many(self, effect_ids: Sequence[str]) -> list[Effect]: ...
     def count(self, states: Iterable[str]) -> int: ...
     def count_by_state(self) -> dict[str, int]:
         """How many effects are in each state (states with none are left out)."""
@@ -50,6 +53,32 @@ class Store(Protocol):
         """When the longest-waiting effect in ``state`` last changed, or None."""
         ...
 
+    def has_journal_line(self, entry: JournalEntry) -> bool: ...
+
+    # -- writes (only openonce_core.ledger.Ledger calls these) -------------------------------
+    def insert(self, effect: Effect, entries: Sequence[JournalEntry]) -> bool:
+        """Create ``effect`` with its first journal line(s), unless its key is taken."""
+        ...
+
+    def insert_or_find(
+        self, effect: Effect, entries: Sequence[JournalEntry]
+    ) -> tuple[bool, ReplayRow | None]:
+        """``insert``, or else what holds the key — in one round trip where the database
+        can (Postgres). ``(True, None)``: inserted; ``(False, row)``: the key's effect;
+        ``(False, None)``: taken by a write this statement could not see yet (read again)."""
+        ...
+
+    def update(
+        self,
+        effect_id: str,
+        expect_states: Sequence[str],
+        expect_fence: int,
+        changes: dict[str, Any],
+        entries: Sequence[JournalEntry],
+        approval: Approval | None = None,
+    ) -> bool: ...
+    def append_journal(self, entry: JournalEntry) -> None: ...
+    def renew(self, effect_id: str, fence: int, owner: str, until: float) -> bool: ...
     def claim(
         self,
         effect_ids: Sequence[str],
@@ -92,35 +121,63 @@ class WakeBoard:
 
     def wake(self, effect_id: str) -> None:
         # Runs after every commit on the hot path: one dict lookup when nobody waits.
-        evs = self._waiters.get(effect_id)
-        if evs:
+        if self._waiters.get(effect_id):
             with self._lock:
                 for ev in self._waiters.get(effect_id, ()):
                     ev.set()
+
+    def waiting(self) -> list[str]:
+        with self._lock:
+            return list(self._waiters)
+
+    def wake_all(self) -> None:
+        with self._lock:
+            for evs in self._waiters.values():
+                for ev in evs:
+                    ev.set()
+
+    def after_fork(self) -> None:
+        # The parent's waiters are not in this process; its lock may have been held.
+        self._lock = threading.Lock()
+        self._waiters = {}
 
 
 class Watch:
     """Waits for changes to one effect. Register *before* reading the state, so a commit
     that lands between the read and the wait still wakes us.
 
-    ``poll`` bounds each wait for stores that cannot be woken across processes (SQLite):
-    another process's commit is then seen within ``poll`` seconds.
-    """
+    ``poll`` bounds each wait for stores that cannot always be woken across processes
+    (SQLite; Postgres while its listener reconnects): another process's commit is then
+    seen within ``poll`` seconds."""
 
-    def __init__(self, board: WakeBoard, effect_id: str, poll: float | None = None) -> None:
+    def __init__(
+        self,
+        board: WakeBoard,
+        effect_id: str,
+        clock: Clock,
+        poll: float | None = None,
+        on_close: Any = None,
+    ) -> None:
         self.board = board
         self.effect_id = effect_id
+        self.clock = clock
         self.poll = poll
+        self._on_close = on_close
         self._ev = board.register(effect_id)
 
     def wait(self, timeout: float) -> None:
+        """Return when the effect may have changed, or after ``timeout`` (clock time); the
+        caller re-reads it either way. With ``poll``, also after ``poll`` real seconds."""
         if self.poll is not None:
-            timeout = min(timeout, self.poll)
-        self._ev.wait(timeout)
+            self._ev.wait(min(max(0.0, timeout), self.poll))
+        else:
+            self.clock.wait(self._ev, timeout)
         self._ev.clear()
 
     def close(self) -> None:
         self.board.unregister(self.effect_id, self._ev)
+        if self._on_close is not None:
+            self._on_close()
 
     def __enter__(self) -> Watch:
         return self

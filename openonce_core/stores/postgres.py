@@ -1,148 +1,361 @@
-"""The production store: PostgreSQL through psycopg 3 and a connection pool.
+"""The production store: PostgreSQL through psycopg 3.
 
 Every ledger change is a single statement in autocommit mode: the effect row, its journal
-line (and approval) are written by one statement with data-modifying CTEs, which Postgres
-runs atomically. That keeps a change to one round trip and one commit, like the raw limit.
+lines (and approval) are written by one statement with data-modifying CTEs, which Postgres
+runs atomically. A change is one round trip and one commit, like the raw limit.
 
-Each thread keeps the pool connection (and one cursor) it first borrowed until it ends or
-the store closes: the hot path neither opens a connection nor pays a pool check-out per
-statement. The pool bounds how many there are and replaces broken ones.
+Connections are lent per statement from a small pool (:class:`ConnectionPool`), so threads
+never pin them: 64 threads of an asyncio bridge share ``max_size`` connections (default 8)
+and wait a moment for one instead of exhausting the server. A process opens at most
+``max_size`` connections, plus one for LISTEN while a duplicate waits on an in-flight
+effect. A connection the server dropped (idle timeout, restart, failover,
+``pg_terminate_backend``) is discarded, and the statement is tried once more on a fresh
+one when that is safe: reads always; writes after re-reading whether the first try
+committed (a fenced write that committed is recognised by its fence and timestamp).
 
-Duplicates waiting on an in-flight effect LISTEN on one channel. A waiter first bumps the
-effect's ``waiters`` count; a change to an effect with waiters sends ``pg_notify`` in the
-same statement, delivered at commit. Effects nobody waits on pay nothing for it.
+Duplicates waiting on an in-flight effect are woken by NOTIFY. A waiter registers in the
+UNLOGGED table ``openonce_waiters`` (no WAL, no fsync: not a durable write); a change to an
+effect with a registered waiter sends ``pg_notify`` in the same statement, delivered at
+commit. Effects nobody waits on pay one index probe of an empty table.
+
+Leases and every other time the core writes come from the database's own clock
+(:class:`~openonce_core.clock.DatabaseClock`), so hosts with skewed clocks agree.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-import weakref
-from collections.abc import Iterable, Sequence
-from typing import Any
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import psycopg
-from psycopg_pool import ConnectionPool
 
-from .. import schema
+from .. import forksafe, schema
+from ..clock import Clock, DatabaseClock
 from ..records import Approval, Effect, JournalEntry
 from . import sql
 from .base import WakeBoard, Watch
 
+T = TypeVar("T")
 CHANNEL = "openonce_effects"
-_JOURNAL_VALUES = "%(j_at)s, %(j_from)s, %(j_to)s, %(j_actor)s, %(j_reason)s, %(j_evidence)s"
-_INSERT = (
-    f"WITH e AS (INSERT INTO openonce_effects ({', '.join(sql.NEW_COLUMNS)})"
-    f" VALUES ({', '.join('%s' for _ in sql.NEW_COLUMNS)})"
-    " ON CONFLICT (tool, idempotency_key) WHERE state <> 'released' DO NOTHING RETURNING id)"
-    f" INSERT INTO openonce_journal ({sql.JOURNAL_COLUMNS})"
-    " SELECT e.id, %s, %s, %s, %s, %s, %s FROM e RETURNING seq"
-)
-_GET = f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects WHERE id = %s"
-_FIND = (
-    f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
-    " WHERE tool = %s AND idempotency_key = %s AND state <> 'released'"
-)
 
 
-class _Pinned:
-    """A pool connection held by one thread, returned to the pool when the thread ends."""
-
-    def __init__(self, pool: ConnectionPool) -> None:
-        self.pool = pool
-        self.conn = pool.getconn()
-        self.cur = self.conn.cursor()
-        self._finalizer = weakref.finalize(self, _give_back, pool, self.conn, self.cur)
-
-    def release(self) -> None:
-        self._finalizer()
+def _pg(query: str) -> str:
+    return query.replace("%", "%%").replace("?", "%s")
 
 
-def _give_back(pool: ConnectionPool, conn: psycopg.Connection[Any], cur: Any) -> None:
+class PoolTimeout(psycopg.OperationalError):
+    """No ledger connection became free in time."""
+
+
+class ConnectionPool:
+    """A LIFO of open connections, lent for one statement at a time.
+
+    Written here rather than taken from psycopg_pool because it must be fork-safe (a child
+    disarms every inherited socket, see ``forksafe``), runs no background threads, and lends
+    in about a microsecond. Idle connections are closed after ``max_idle`` seconds."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        max_size: int = 8,
+        timeout: float = 30.0,
+        max_idle: float = 300.0,
+        connect: Callable[[], psycopg.Connection[Any]] | None = None,
+    ) -> None:
+        if max_size < 1:
+            raise ValueError("max_size must be at least 1")
+        self.conninfo = conninfo
+        self.max_size = max_size
+        self.timeout = timeout
+        self.max_idle = max_idle
+        self._connect = connect or self._default_connect
+        self._reset()
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._idle: list[tuple[psycopg.Connection[Any], Any, float]] = []
+        self._open: set[psycopg.Connection[Any]] = set()
+        self._size = 0
+        self._closed = False
+
+    def _default_connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(
+            self.conninfo,
+            autocommit=True,
+            connect_timeout=10,
+            # A half-open connection (a server that vanished) is noticed within a minute.
+            keepalives=1,
+            keepalives_idle=30,
+            keepalives_interval=10,
+            keepalives_count=3,
+        )
+
+    def get(self) -> tuple[psycopg.Connection[Any], Any]:
+        deadline = time.monotonic() + self.timeout
+        stale: list[psycopg.Connection[Any]] = []
+        try:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        raise psycopg.OperationalError("the ledger store is closed")
+                    while self._idle:
+                        conn, cur, since = self._idle.pop()
+                        if conn.closed or conn.broken or time.monotonic() - since > self.max_idle:
+                            stale.append(conn)
+                            self._open.discard(conn)
+                            self._size -= 1
+                            continue
+                        return conn, cur
+                    if self._size < self.max_size:
+                        self._size += 1
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._cond.wait(left):
+                        raise PoolTimeout(
+                            f"no ledger connection was free within {self.timeout:g}s"
+                            f" (max_size={self.max_size}); raise max_size or lower concurrency"
+                        )
+        finally:
+            for conn in stale:
+                _close_quietly(conn)
+        try:
+            conn = self._connect()
+        except BaseException:
+            with self._cond:
+                self._size -= 1
+                self._cond.notify()
+            raise
+        with self._cond:
+            self._open.add(conn)
+        return conn, conn.cursor()
+
+    def put(self, conn: psycopg.Connection[Any], cur: Any, *, broken: bool = False) -> None:
+        with self._cond:
+            if broken or conn.closed or conn.broken or self._closed:
+                self._open.discard(conn)
+                self._size -= 1
+                drop = True
+            else:
+                self._idle.append((conn, cur, time.monotonic()))
+                drop = False
+            self._cond.notify()
+        if drop:
+            _close_quietly(conn)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            conns = list(self._open)
+            self._open.clear()
+            self._idle.clear()
+            self._size = 0
+            self._cond.notify_all()
+        for conn in conns:
+            _close_quietly(conn)
+
+    @property
+    def size(self) -> int:
+        """Connections open now (lent or idle)."""
+        return self._size
+
+    def after_fork(self) -> None:
+        # The parent's connections are not ours: disarm their sockets, keep the objects.
+        for conn in list(self._open):
+            _disarm(conn)
+        self._reset()
+
+
+def _disarm(conn: psycopg.Connection[Any]) -> None:
     try:
-        cur.close()
-        pool.putconn(conn)  # a broken connection is discarded and replaced by the pool
+        fd = conn.pgconn.socket
     except Exception:
-        pass  # the pool is closed already
+        fd = -1
+    forksafe.disarm(fd)
+    forksafe.abandon(conn)
 
 
-class PostgresStore:
+def _close_quietly(conn: psycopg.Connection[Any]) -> None:
+    with contextlib.suppress(Exception):
+        conn.close()
+
+
+def _is_disconnect(exc: BaseException) -> bool:
+    """The connection is gone (not a constraint or syntax error): worth one fresh try."""
+    return isinstance(exc, psycopg.OperationalError) and not isinstance(exc, PoolTimeout)
+
+
+class PostgresStore(sql.SQLStore):
     dialect = "postgres"
 
     def __init__(
         self,
         dsn: str,
         *,
-        min_size: int = 1,
-        max_size: int = 32,
-        pool: ConnectionPool | None = None,
+        max_size: int = 8,
+        timeout: float = 30.0,
+        max_idle: float = 300.0,
+        clock: Clock | None = None,
+        # Accepted for compatibility; connections are always lent per statement.
+        min_size: int | None = None,
     ) -> None:
         self.dsn = dsn
-        self.pool = pool or ConnectionPool(
-            dsn,
-            min_size=min_size,
-            max_size=max_size,
-            kwargs={"autocommit": True},
-            open=True,
-            name="openonce",
-        )
+        self.pool = ConnectionPool(dsn, max_size=max_size, timeout=timeout, max_idle=max_idle)
+        self.clock = clock or DatabaseClock(self._database_time)
+        self._update_sql: dict[tuple[Any, ...], str] = {}
+        self._reset_process_state()
+        forksafe.register(self)
+
+    def _reset_process_state(self) -> None:
         self.board = WakeBoard()
-        self._local = threading.local()
-        self._pinned: weakref.WeakSet[_Pinned] = weakref.WeakSet()
-        self._update_sql: dict[tuple[str, ...], str] = {}
         self._listener: threading.Thread | None = None
+        self._listener_conn: psycopg.Connection[Any] | None = None
         self._listener_ready = threading.Event()
         self._listener_lock = threading.Lock()
         self._closing = False
+        self._token = uuid.uuid4().hex[:16]  # names this process's waiter registrations
 
-    def _execute(self, query: str, params: Any) -> Any:
-        """Run one autocommit statement on this thread's connection; returns the cursor."""
-        pinned: _Pinned | None = getattr(self._local, "pinned", None)
-        if pinned is None or pinned.conn.closed:
-            pinned = self._local.pinned = _Pinned(self.pool)
-            self._pinned.add(pinned)
+    def after_fork(self) -> None:
+        self.pool.after_fork()
+        if self._listener_conn is not None:
+            _disarm(self._listener_conn)
+        if isinstance(self.clock, DatabaseClock):
+            self.clock.after_fork()
+        self._reset_process_state()
+
+    # -- running statements ---------------------------------------------------------------
+
+    def _with_cursor(self, work: Callable[[Any], T]) -> T:
+        conn, cur = self.pool.get()
         try:
-            return pinned.cur.execute(query, params)
-        except psycopg.OperationalError:
-            # The connection is gone; give it back for the pool to replace, and let the
-            # caller see the error (a write may or may not have committed).
-            self._local.pinned = None
-            pinned.release()
+            result = work(cur)
+        except BaseException as exc:
+            self.pool.put(conn, cur, broken=_is_disconnect(exc) or conn.broken)
             raise
+        self.pool.put(conn, cur)
+        return result
 
-    def _one(self, query: str, params: Any) -> Any:
-        return self._execute(query, params).fetchone()
+    def _read(self, work: Callable[[Any], T]) -> T:
+        """A read, tried once more on a fresh connection if the first one was dropped."""
+        try:
+            return self._with_cursor(work)
+        except psycopg.OperationalError as exc:
+            if not _is_disconnect(exc):
+                raise
+            return self._with_cursor(work)
 
-    def _all(self, query: str, params: Any) -> list[Any]:
-        return list(self._execute(query, params).fetchall())
+    def _one(self, query: str, params: Sequence[Any]) -> Any:
+        stmt = _pg(query)
+        return self._read(lambda cur: cur.execute(stmt, params).fetchone())
+
+    def _all(self, query: str, params: Sequence[Any]) -> list[Any]:
+        stmt = _pg(query)
+        return self._read(lambda cur: list(cur.execute(stmt, params).fetchall()))
+
+    def _write(self, stmt: str, params: Any, settle: Callable[[], bool | None]) -> Any:
+        """Run a write; if the connection drops, ``settle`` re-reads the ledger and says
+        whether the write committed (True), was not applied (None: run it once more), or
+        lost to someone else (False)."""
+        try:
+            return self._with_cursor(lambda cur: cur.execute(stmt, params).fetchone())
+        except psycopg.OperationalError as exc:
+            if not _is_disconnect(exc):
+                raise
+            outcome = settle()
+            if outcome is None:
+                return self._with_cursor(lambda cur: cur.execute(stmt, params).fetchone())
+            return _Settled(outcome)
+
+    def _database_time(self) -> float:
+        row = self._with_cursor(
+            lambda cur: cur.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()
+        )
+        return float(row[0])
 
     # -- schema ---------------------------------------------------------------------------
 
     def migrate(self) -> int:
-        with self.pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-            # Two processes migrating at once take turns instead of racing on CREATE.
-            cur.execute("SELECT pg_advisory_xact_lock(hashtext('openonce_schema'))")
-            schema.apply(cur, "postgres")
+        conn = psycopg.connect(self.dsn)
+        try:
+            with conn.transaction(), conn.cursor() as cur:
+                # Two processes migrating at once take turns instead of racing on CREATE.
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext('openonce_schema'))")
+                schema.apply(cur, "postgres")
+        finally:
+            conn.close()
         return schema.SCHEMA_VERSION
 
     def schema_version(self) -> int:
-        with self.pool.connection() as conn:
-            exists = conn.execute("SELECT to_regclass('openonce_schema')").fetchone()
-            return schema.current_version(conn.cursor()) if exists and exists[0] else 0
+        def work(cur: Any) -> int:
+            exists = cur.execute("SELECT to_regclass('openonce_schema')").fetchone()
+            return schema.current_version(cur) if exists and exists[0] else 0
 
-    # -- effects --------------------------------------------------------------------------
+        return self._read(work)
 
-    def get(self, effect_id: str) -> Effect | None:
-        row = self._one(_GET, (effect_id,))
-        return sql.effect_from_row(row) if row else None
+    # -- writes (called by openonce_core.ledger only) -----------------------------------------
 
-    def find(self, tool: str, idempotency_key: str) -> Effect | None:
-        row = self._one(_FIND, (tool, idempotency_key))
-        return sql.effect_from_row(row) if row else None
+    def insert(self, effect: Effect, entries: Sequence[JournalEntry]) -> bool:
+        inserted, _ = self._insert(effect, entries, find=False)
+        return inserted
 
-    def insert(self, effect: Effect, entry: JournalEntry) -> bool:
-        params = sql.new_effect_row(effect) + sql.journal_row(entry)[1:]
-        return self._one(_INSERT, params) is not None
+    def insert_or_find(
+        self, effect: Effect, entries: Sequence[JournalEntry]
+    ) -> tuple[bool, sql.ReplayRow | None]:
+        return self._insert(effect, entries, find=True)
+
+    def _insert(
+        self, effect: Effect, entries: Sequence[JournalEntry], *, find: bool
+    ) -> tuple[bool, sql.ReplayRow | None]:
+        stmt = self._insert_statement(len(entries), find)
+        params: list[Any] = sql.new_effect_row(effect)
+        for entry in entries:
+            params += sql.journal_row(entry)[1:]
+        if find:
+            params += [effect.idempotency_key, effect.tool]
+
+        def settle() -> bool | None:
+            if self.get(effect.id) is not None:
+                return True
+            return False if self.find(effect.tool, effect.idempotency_key) else None
+
+        row = self._write(stmt, params, settle)
+        if isinstance(row, _Settled):
+            return row.outcome, None
+        if row is None:
+            return False, None
+        if row[0] == "+":
+            return True, None
+        return False, sql.ReplayRow(*row[1:])
+
+    def _insert_statement(self, n_entries: int, find: bool) -> str:
+        key = ("insert", n_entries, find)
+        stmt = self._update_sql.get(key)
+        if stmt is None:
+            values = ", ".join("(" + ", ".join(["%s"] * 7) + ")" for _ in range(n_entries))
+            stmt = (
+                f"WITH e AS (INSERT INTO openonce_effects ({', '.join(sql.NEW_COLUMNS)})"
+                f" VALUES ({', '.join(['%s'] * len(sql.NEW_COLUMNS))})"
+                " ON CONFLICT (tool, idempotency_key) WHERE state <> 'released' DO NOTHING"
+                " RETURNING id),"
+                f" j AS (INSERT INTO openonce_journal ({sql.JOURNAL_COLUMNS})"
+                " SELECT e.id, v.* FROM e, (VALUES " + values + ") AS v)"
+                f" SELECT '+', {', '.join(['NULL'] * 6)} FROM e"
+            )
+            if find:
+                # The same round trip reads what holds the key when the insert did nothing.
+                # A row committed after this statement's snapshot is not seen: the caller
+                # then reads again.
+                stmt += (
+                    f" UNION ALL SELECT '=', {sql.REPLAY_COLUMNS} FROM openonce_effects"
+                    " WHERE idempotency_key = %s AND tool = %s AND state <> 'released'"
+                    " AND NOT EXISTS (SELECT 1 FROM e)"
+                )
+            self._update_sql[key] = stmt
+        return stmt
 
     def update(
         self,
@@ -150,123 +363,56 @@ class PostgresStore:
         expect_states: Sequence[str],
         expect_fence: int,
         changes: dict[str, Any],
-        entry: JournalEntry,
+        entries: Sequence[JournalEntry],
         approval: Approval | None = None,
     ) -> bool:
         fields = tuple(changes)
-        cache_key = fields + (("+approval",) if approval else ())
-        stmt = self._update_sql.get(cache_key)
+        key = (fields, len(expect_states), len(entries), approval is not None)
+        stmt = self._update_sql.get(key)
         if stmt is None:
-            stmt = self._update_sql[cache_key] = _update_statement(fields, approval is not None)
-        params: dict[str, Any] = {f"c_{f}": sql.to_db(f, v) for f, v in changes.items()}
-        params.update(id=effect_id, states=[str(s) for s in expect_states], fence=expect_fence)
-        _, at, from_state, to_state, actor, reason, evidence = sql.journal_row(entry)
-        params.update(
-            j_at=at,
-            j_from=from_state,
-            j_to=to_state,
-            j_actor=actor,
-            j_reason=reason,
-            j_evidence=evidence,
-        )
-        if approval is not None:
-            _, decision, by, a_reason, fp, a_at, expires = sql.approval_row(approval)
-            params.update(
-                a_decision=decision,
-                a_by=by,
-                a_reason=a_reason,
-                a_fp=fp,
-                a_at=a_at,
-                a_expires=expires,
+            stmt = self._update_sql[key] = _update_statement(
+                fields, len(expect_states), len(entries), approval is not None
             )
-        row = self._one(stmt, params)
-        done = bool(row and row[0])
+        params: list[Any] = [sql.to_db(f, v) for f, v in changes.items()]
+        params += [effect_id, *map(str, expect_states), expect_fence]
+        for entry in entries:
+            params += sql.journal_row(entry)[1:]
+        if approval is not None:
+            params += sql.approval_row(approval)[1:]
+
+        def settle() -> bool | None:
+            current = self.get(effect_id)
+            if current is None:
+                return False
+            if (
+                current.fence == changes.get("fence", expect_fence + 1)
+                and current.updated_at == changes.get("updated_at")
+                and str(current.state) == str(changes.get("state", current.state))
+            ):
+                return True  # our write committed; only its reply was lost
+            if current.fence == expect_fence and current.state in expect_states:
+                return None  # not applied: run it once more
+            return False
+
+        row = self._write(stmt, params, settle)
+        done = row.outcome if isinstance(row, _Settled) else bool(row and row[0])
         if done:
             self.board.wake(effect_id)
         return done
 
     def append_journal(self, entry: JournalEntry) -> None:
-        self._execute(
-            f"INSERT INTO openonce_journal ({sql.JOURNAL_COLUMNS})"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+        stmt = _pg(sql.INSERT_JOURNAL) + " RETURNING seq"
+        self._write(
+            stmt,
             sql.journal_row(entry),
+            lambda: True if self.has_journal_line(entry) else None,
         )
 
-    def journal(self, effect_id: str) -> list[JournalEntry]:
-        rows = self._all(
-            f"SELECT seq, {sql.JOURNAL_COLUMNS} FROM openonce_journal"
-            " WHERE effect_id = %s ORDER BY seq",
-            (effect_id,),
-        )
-        return [sql.journal_from_row(r) for r in rows]
-
-    def approvals(self, effect_id: str) -> list[Approval]:
-        rows = self._all(
-            f"SELECT {sql.APPROVAL_COLUMNS} FROM openonce_approvals"
-            " WHERE effect_id = %s ORDER BY id",
-            (effect_id,),
-        )
-        return [sql.approval_from_row(r) for r in rows]
-
-    def list_effects(self, states: Iterable[str] | None = None, limit: int = 100) -> list[Effect]:
-        if states is None:
-            rows = self._all(
-                f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
-                " ORDER BY created_at, id LIMIT %s",
-                (limit,),
-            )
-        else:
-            rows = self._all(
-                f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
-                " WHERE state = ANY(%s) ORDER BY created_at, id LIMIT %s",
-                ([str(s) for s in states], limit),
-            )
-        return [sql.effect_from_row(r) for r in rows]
-
-    def expired_leases(self, at: float, limit: int = 100) -> list[Effect]:
-        rows = self._all(
-            f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
-            " WHERE state = 'started' AND lease_expires_at <= %s"
-            " ORDER BY lease_expires_at LIMIT %s",
-            (at, limit),
-        )
-        return [sql.effect_from_row(r) for r in rows]
-
-    def due_unknown(
-        self, before: float, limit: int = 100, after: tuple[float, str] | None = None
-    ) -> list[Effect]:
-        start = after or (float("-inf"), "")
-        rows = self._all(
-            f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
-            " WHERE state = 'unknown' AND updated_at <= %s AND (updated_at, id) > (%s, %s)"
-            " ORDER BY updated_at, id LIMIT %s",
-            (before, start[0], start[1], limit),
-        )
-        return [sql.effect_from_row(r) for r in rows]
-
-    def get_many(self, effect_ids: Sequence[str]) -> list[Effect]:
-        if not effect_ids:
-            return []
-        rows = self._all(
-            f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects WHERE id = ANY(%s)",
-            (list(effect_ids),),
-        )
-        return [sql.effect_from_row(r) for r in rows]
-
-    def count(self, states: Iterable[str]) -> int:
-        row = self._one(
-            "SELECT count(*) FROM openonce_effects WHERE state = ANY(%s)",
-            ([str(s) for s in states],),
-        )
-        return int(row[0])
-
-    def count_by_state(self) -> dict[str, int]:
-        rows = self._all("SELECT state, count(*) FROM openonce_effects GROUP BY state", ())
-        return {str(state): int(n) for state, n in rows}
-
-    def oldest_change(self, state: str) -> float | None:
-        row = self._one("SELECT min(updated_at) FROM openonce_effects WHERE state = %s", (state,))
-        return row[0] if row else None
+    def renew(self, effect_id: str, fence: int, owner: str, until: float) -> bool:
+        stmt = _pg(sql.RENEW) + " RETURNING id"
+        # Renewing twice is harmless: a lost reply is simply renewed again.
+        row = self._write(stmt, (until, effect_id, fence, owner), lambda: None)
+        return bool(row.outcome if isinstance(row, _Settled) else row)
 
     def claim(
         self,
@@ -280,29 +426,40 @@ class PostgresStore:
     ) -> list[str]:
         if not effect_ids:
             return []
-        rows = self._all(
-            "UPDATE openonce_effects SET lease_owner = %(owner)s, lease_expires_at = %(until)s,"
-            " fence = fence + 1 WHERE id = ANY(%(ids)s) AND state = 'unknown'"
-            " AND (lease_expires_at IS NULL OR lease_expires_at <= %(at)s"
-            "      OR lease_owner = ANY(%(steal)s))"
-            " AND (%(fence)s::bigint IS NULL OR fence = %(fence)s::bigint) RETURNING id",
-            {
-                "owner": owner, "until": until, "ids": list(effect_ids), "at": at,
-                "steal": list(steal_from), "fence": expect_fence,
-            },
-        )  # fmt: skip
-        return [r[0] for r in rows]
+        stmt = _pg(sql.claim_statement(len(effect_ids), len(steal_from), expect_fence is not None))
+        params = sql.claim_params(effect_ids, owner, until, at, steal_from, expect_fence)
+        try:
+            return self._with_cursor(lambda cur: [r[0] for r in cur.execute(stmt, params)])
+        except psycopg.OperationalError as exc:
+            if not _is_disconnect(exc):
+                raise
+            # The claim may have landed: whatever we hold now is ours.
+            return [e.id for e in self.get_many(effect_ids) if e.lease_owner == owner]
 
     # -- waiting for another process's commit -----------------------------------------------
 
     def watch(self, effect_id: str) -> Watch:
         self._ensure_listener()
-        watch = Watch(self.board, effect_id, poll=1.0)  # poll only as a safety net
-        # After this commits, every change to the effect notifies (see module docstring).
-        self._execute(
-            "UPDATE openonce_effects SET waiters = waiters + 1 WHERE id = %s", (effect_id,)
+        token = f"{self._token}-{uuid.uuid4().hex[:8]}"
+        self._with_cursor(
+            lambda cur: cur.execute(
+                "INSERT INTO openonce_waiters (effect_id, token) VALUES (%s, %s)",
+                (effect_id, token),
+            )
         )
-        return watch
+
+        def unregister() -> None:
+            # A stale registration would only cost a spurious NOTIFY.
+            with contextlib.suppress(psycopg.Error):
+                self._with_cursor(
+                    lambda cur: cur.execute(
+                        "DELETE FROM openonce_waiters WHERE effect_id = %s AND token = %s",
+                        (effect_id, token),
+                    )
+                )
+
+        # The listener may be reconnecting: re-read at least once a second regardless.
+        return Watch(self.board, effect_id, self.clock, poll=1.0, on_close=unregister)
 
     def _ensure_listener(self) -> None:
         with self._listener_lock:
@@ -317,39 +474,52 @@ class PostgresStore:
     def _listen(self) -> None:
         while not self._closing:
             try:
-                with psycopg.connect(self.dsn, autocommit=True) as conn:
+                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
+                    self._listener_conn = conn
                     conn.execute(f"LISTEN {CHANNEL}")
                     self._listener_ready.set()
                     while not self._closing:
                         for note in conn.notifies(timeout=0.5):
                             self.board.wake(note.payload)
             except psycopg.Error:
-                # Lost the connection: waiters still poll every second; reconnect shortly.
+                # Lost the connection: waiters still re-read every second; reconnect soon.
+                self._listener_conn = None
+                self.board.wake_all()
                 time.sleep(0.5)
 
     def close(self) -> None:
         self._closing = True
-        for pinned in list(self._pinned):
-            pinned.release()
         self.pool.close()
 
 
-def _update_statement(fields: tuple[str, ...], with_approval: bool) -> str:
-    sets = ", ".join(f"{sql.column(f)} = %(c_{f})s" for f in fields)
+class _Settled:
+    """A write whose reply was lost, settled by re-reading the ledger."""
+
+    __slots__ = ("outcome",)
+
+    def __init__(self, outcome: bool) -> None:
+        self.outcome = outcome
+
+
+def _update_statement(
+    fields: tuple[str, ...], n_states: int, n_entries: int, with_approval: bool
+) -> str:
+    sets = ", ".join(f"{sql.column(f)} = %s" for f in fields)
+    states = ", ".join(["%s"] * n_states)
+    values = ", ".join("(" + ", ".join(["%s"] * 7) + ")" for _ in range(n_entries))
     approval = (
         f", a AS (INSERT INTO openonce_approvals ({sql.APPROVAL_COLUMNS})"
-        " SELECT u.id, %(a_decision)s, %(a_by)s, %(a_reason)s, %(a_fp)s, %(a_at)s, %(a_expires)s"
-        " FROM u)"
+        " SELECT u.id, %s, %s, %s, %s, %s, %s FROM u)"
         if with_approval
         else ""
     )
     return (
         f"WITH u AS (UPDATE openonce_effects SET {sets}"
-        " WHERE id = %(id)s AND state = ANY(%(states)s) AND fence = %(fence)s"
-        " RETURNING id, waiters),"
+        f" WHERE id = %s AND state IN ({states}) AND fence = %s RETURNING id),"
         f" j AS (INSERT INTO openonce_journal ({sql.JOURNAL_COLUMNS})"
-        f" SELECT u.id, {_JOURNAL_VALUES} FROM u)"
+        f" SELECT u.id, v.* FROM u, (VALUES {values}) AS v)"
         f"{approval},"
-        f" n AS (SELECT pg_notify('{CHANNEL}', u.id) FROM u WHERE u.waiters > 0)"
+        f" n AS (SELECT pg_notify('{CHANNEL}', u.id) FROM u"
+        "        WHERE EXISTS (SELECT 1 FROM openonce_waiters w WHERE w.effect_id = u.id))"
         " SELECT count(*), (SELECT count(*) FROM n) FROM u"
     )

@@ -1,43 +1,28 @@
-"""Row mapping shared by the SQL stores: one column list, one conversion each way."""
+"""What the SQL stores share: the row mapping, every read query, and the write rules.
+
+Queries are written once, with ``?`` placeholders; the Postgres store runs them with
+``%s``. Only what the dialects really do differently lives in sqlite.py and postgres.py:
+connections, transactions, and how a write and its journal lines become one commit.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..canonical import dumps
+from ..clock import Clock
 from ..records import Approval, Effect, JournalEntry
 from ..states import EffectState
 
+if TYPE_CHECKING:
+    from .base import WakeBoard
+
 # Effect field -> column, in table order. JSON-valued fields are stored as text.
 JSON_FIELDS = frozenset({"args", "execution_evidence", "verification_evidence", "result", "error"})
-FIELDS = [
-    "id",
-    "tool",
-    "idempotency_key",
-    "scope",
-    "state",
-    "args",
-    "args_fingerprint",
-    "provider_key",
-    "attempt",
-    "max_attempts",
-    "fence",
-    "lease_owner",
-    "lease_expires_at",
-    "approvals_required",
-    "approval_ttl",
-    "execution_status",
-    "execution_evidence",
-    "verification_status",
-    "verification_evidence",
-    "result",
-    "error",
-    "created_at",
-    "updated_at",
-]
-
+FIELDS = [f.name for f in dataclasses.fields(Effect)]
 
 # What a newly claimed effect can carry; evidence and outcomes only arrive by update, so
 # the claim's INSERT leaves them to their NULL defaults (fewer parameters on the hot path).
@@ -52,18 +37,30 @@ NEW_FIELDS = [
 ]  # fmt: skip
 
 
-# Rows are turned into Effects positionally: the two orders must agree.
-assert [f.name for f in dataclasses.fields(Effect)] == FIELDS
-
-
 def column(field: str) -> str:
     return field + "_json" if field in JSON_FIELDS else field
 
 
 COLUMNS = [column(f) for f in FIELDS]
 SELECT_COLUMNS = ", ".join(COLUMNS)
-JOURNAL_COLUMNS = "effect_id, at, from_state, to_state, actor, reason, evidence_json"
+NEW_COLUMNS = [column(f) for f in NEW_FIELDS]
+JOURNAL_COLUMNS = "effect_id, at, from_state, to_state, actor, reason, evidence_json, action"
 APPROVAL_COLUMNS = "effect_id, decision, decided_by, reason, args_fingerprint, at, expires_at"
+
+# A replay needs only these: whether the effect is settled, whether the call matches it,
+# and what to hand back. Everything else is read only when the effect is not settled.
+REPLAY_COLUMNS = "id, state, args_fingerprint, result_json, error_json, execution_evidence_json"
+
+
+class ReplayRow(NamedTuple):
+    """The lean row a duplicate call reads first (JSON still as text)."""
+
+    id: str
+    state: str
+    args_fingerprint: str
+    result_json: str | None
+    error_json: str | None
+    execution_evidence_json: str | None
 
 
 def to_db(field: str, value: Any) -> Any:
@@ -78,22 +75,18 @@ def new_effect_row(effect: Effect) -> list[Any]:
     return [to_db(f, getattr(effect, f)) for f in NEW_FIELDS]
 
 
-NEW_COLUMNS = [column(f) for f in NEW_FIELDS]
-
-
 _JSON_POSITIONS = frozenset(i for i, f in enumerate(FIELDS) if f in JSON_FIELDS)
 _STATE_POSITION = FIELDS.index("state")
 _loads = json.loads
-_STATES = {str(s): s for s in EffectState}
+STATES = {str(s): s for s in EffectState}
 
 
 def effect_from_row(row: Any) -> Effect:
-    # On every replay: positional, no intermediate dict.
     values = [
         (_loads(v) if v is not None else None) if i in _JSON_POSITIONS else v
         for i, v in enumerate(row)
     ]
-    values[_STATE_POSITION] = _STATES[str(values[_STATE_POSITION])]
+    values[_STATE_POSITION] = STATES[str(values[_STATE_POSITION])]
     return Effect(*values)  # type: ignore[arg-type]
 
 
@@ -106,11 +99,12 @@ def journal_row(entry: JournalEntry) -> list[Any]:
         entry.actor,
         entry.reason,
         dumps(entry.evidence) if entry.evidence is not None else None,
+        entry.action,
     ]
 
 
 def journal_from_row(row: Any) -> JournalEntry:
-    seq, effect_id, at, from_state, to_state, actor, reason, evidence = row
+    seq, effect_id, at, from_state, to_state, actor, reason, evidence, action = row
     return JournalEntry(
         effect_id=effect_id,
         from_state=from_state,
@@ -120,6 +114,7 @@ def journal_from_row(row: Any) -> JournalEntry:
         evidence=json.loads(evidence) if evidence is not None else None,
         at=at,
         seq=seq,
+        action=action,
     )
 
 
@@ -130,3 +125,195 @@ def approval_row(a: Approval) -> list[Any]:
 def approval_from_row(row: Any) -> Approval:
     effect_id, decision, by, reason, fp, at, expires_at = row
     return Approval(effect_id, decision, by, reason, fp, at, expires_at)
+
+
+def marks(n: int) -> str:
+    return ", ".join("?" * n)
+
+
+# -- the write rules, stated once for every store --------------------------------------------
+
+
+# A fenced change: it applies only if the effect is still in a state the writer read, under
+# the fence the writer read. Whoever loses reads again and decides again.
+def update_statement(fields: Sequence[str], n_states: int) -> str:
+    sets = ", ".join(f"{column(f)} = ?" for f in fields)
+    return (
+        f"UPDATE openonce_effects SET {sets}"
+        f" WHERE id = ? AND state IN ({marks(n_states)}) AND fence = ?"
+    )
+
+
+# A probe claim: an UNKNOWN effect may be probed by ``owner`` until ``until`` unless someone
+# else's claim on it is still live (or the caller may take over that someone's claim: a
+# redelivered batch resuming its own). It bumps the fence, so a decision made on what was
+# read before the claim cannot land after it. Not a state change: no journal line.
+def claim_statement(n_ids: int, n_steal: int, with_fence: bool) -> str:
+    steal = marks(n_steal) or "NULL"
+    return (
+        "UPDATE openonce_effects SET lease_owner = ?, lease_expires_at = ?, fence = fence + 1"
+        f" WHERE id IN ({marks(n_ids)}) AND state = 'unknown'"
+        f" AND (lease_expires_at IS NULL OR lease_expires_at <= ? OR lease_owner IN ({steal}))"
+        + (" AND fence = ?" if with_fence else "")
+        + " RETURNING id"
+    )
+
+
+def claim_params(
+    effect_ids: Sequence[str],
+    owner: str,
+    until: float,
+    at: float,
+    steal_from: Sequence[str],
+    expect_fence: int | None,
+) -> list[Any]:
+    params: list[Any] = [owner, until, *effect_ids, at, *steal_from]
+    if expect_fence is not None:
+        params.append(expect_fence)
+    return params
+
+
+# A lease renewal (the heartbeat of a running handler): only the owner of the claim it
+# read, with the fence it read, may push the lease out; anyone who took the effect over
+# bumped the fence, so a renewal after that changes nothing and tells the owner it lost.
+RENEW = (
+    "UPDATE openonce_effects SET lease_expires_at = ?"
+    " WHERE id = ? AND state = 'started' AND fence = ? AND lease_owner = ?"
+)
+
+INSERT_JOURNAL = f"INSERT INTO openonce_journal ({JOURNAL_COLUMNS}) VALUES ({marks(8)})"
+INSERT_APPROVAL = f"INSERT INTO openonce_approvals ({APPROVAL_COLUMNS}) VALUES ({marks(7)})"
+
+
+class SQLStore:
+    """The reads every SQL store shares. Subclasses provide ``_one`` and ``_all`` (run a
+    read with ``?`` placeholders) and the writes."""
+
+    dialect: str
+    clock: Clock
+    board: WakeBoard
+
+    def _one(self, query: str, params: Sequence[Any]) -> Any:
+        raise NotImplementedError
+
+    def _all(self, query: str, params: Sequence[Any]) -> list[Any]:
+        raise NotImplementedError
+
+    # -- effects --------------------------------------------------------------------------
+
+    def get(self, effect_id: str) -> Effect | None:
+        row = self._one(f"SELECT {SELECT_COLUMNS} FROM openonce_effects WHERE id = ?", (effect_id,))
+        return effect_from_row(row) if row else None
+
+    def find(self, tool: str, idempotency_key: str) -> Effect | None:
+        row = self._one(
+            f"SELECT {SELECT_COLUMNS} FROM openonce_effects"
+            " WHERE idempotency_key = ? AND tool = ? AND state <> 'released'",
+            (idempotency_key, tool),
+        )
+        return effect_from_row(row) if row else None
+
+    def find_replay(self, tool: str, idempotency_key: str) -> ReplayRow | None:
+        row = self._one(
+            f"SELECT {REPLAY_COLUMNS} FROM openonce_effects"
+            " WHERE idempotency_key = ? AND tool = ? AND state <> 'released'",
+            (idempotency_key, tool),
+        )
+        return ReplayRow(*row) if row else None
+
+    def get_many(self, effect_ids: Sequence[str]) -> list[Effect]:
+        if not effect_ids:
+            return []
+        rows = self._all(
+            f"SELECT {SELECT_COLUMNS} FROM openonce_effects WHERE id IN ({marks(len(effect_ids))})",
+            list(effect_ids),
+        )
+        return [effect_from_row(r) for r in rows]
+
+    def list_effects(self, states: Iterable[str] | None = None, limit: int = 100) -> list[Effect]:
+        if states is None:
+            rows = self._all(
+                f"SELECT {SELECT_COLUMNS} FROM openonce_effects ORDER BY created_at, id LIMIT ?",
+                (limit,),
+            )
+        else:
+            wanted = [str(s) for s in states]
+            rows = self._all(
+                f"SELECT {SELECT_COLUMNS} FROM openonce_effects"
+                f" WHERE state IN ({marks(len(wanted))}) ORDER BY created_at, id LIMIT ?",
+                (*wanted, limit),
+            )
+        return [effect_from_row(r) for r in rows]
+
+    def expired_leases(self, at: float, limit: int = 100) -> list[Effect]:
+        rows = self._all(
+            f"SELECT {SELECT_COLUMNS} FROM openonce_effects"
+            " WHERE state = 'started' AND lease_expires_at <= ?"
+            " ORDER BY lease_expires_at LIMIT ?",
+            (at, limit),
+        )
+        return [effect_from_row(r) for r in rows]
+
+    def started_by(self, owner_prefix: str, limit: int = 100) -> list[Effect]:
+        """STARTED effects whose lease owner starts with ``owner_prefix`` (one host's)."""
+        pattern = owner_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        rows = self._all(
+            f"SELECT {SELECT_COLUMNS} FROM openonce_effects"
+            " WHERE state = 'started' AND lease_owner LIKE ? ESCAPE '\\'"
+            " ORDER BY updated_at LIMIT ?",
+            (pattern + "%", limit),
+        )
+        return [effect_from_row(r) for r in rows]
+
+    def due_unknown(
+        self, before: float, limit: int = 100, after: tuple[float, str] | None = None
+    ) -> list[Effect]:
+        start = after or (float("-inf"), "")
+        rows = self._all(
+            f"SELECT {SELECT_COLUMNS} FROM openonce_effects"
+            " WHERE state = 'unknown' AND updated_at <= ? AND (updated_at, id) > (?, ?)"
+            " ORDER BY updated_at, id LIMIT ?",
+            (before, start[0], start[1], limit),
+        )
+        return [effect_from_row(r) for r in rows]
+
+    def count(self, states: Iterable[str]) -> int:
+        wanted = [str(s) for s in states]
+        row = self._one(
+            f"SELECT count(*) FROM openonce_effects WHERE state IN ({marks(len(wanted))})",
+            wanted,
+        )
+        return int(row[0])
+
+    def count_by_state(self) -> dict[str, int]:
+        rows = self._all("SELECT state, count(*) FROM openonce_effects GROUP BY state", ())
+        return {str(state): int(n) for state, n in rows}
+
+    def oldest_change(self, state: str) -> float | None:
+        row = self._one("SELECT min(updated_at) FROM openonce_effects WHERE state = ?", (state,))
+        return row[0] if row else None
+
+    # -- journal and approvals --------------------------------------------------------------
+
+    def journal(self, effect_id: str) -> list[JournalEntry]:
+        rows = self._all(
+            f"SELECT seq, {JOURNAL_COLUMNS} FROM openonce_journal WHERE effect_id = ? ORDER BY seq",
+            (effect_id,),
+        )
+        return [journal_from_row(r) for r in rows]
+
+    def approvals(self, effect_id: str) -> list[Approval]:
+        rows = self._all(
+            f"SELECT {APPROVAL_COLUMNS} FROM openonce_approvals WHERE effect_id = ? ORDER BY id",
+            (effect_id,),
+        )
+        return [approval_from_row(r) for r in rows]
+
+    def has_journal_line(self, entry: JournalEntry) -> bool:
+        """Whether this exact line was written (after a write whose reply was lost)."""
+        row = self._one(
+            "SELECT 1 FROM openonce_journal"
+            " WHERE effect_id = ? AND at = ? AND to_state = ? AND actor = ?",
+            (entry.effect_id, entry.at, entry.to_state, entry.actor),
+        )
+        return row is not None

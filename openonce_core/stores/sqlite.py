@@ -1,38 +1,36 @@
-"""The embedded default: a SQLite file in WAL mode, one connection per thread.
+"""The embedded default: a SQLite file in WAL mode, one connection per thread; and the
+in-memory store, which is the same code on one private in-memory database.
 
 Durability is kept: ``synchronous=FULL`` fsyncs the WAL on every commit, because a claim
 that vanishes on power loss would let the same call run twice after a reboot.
 Writers take the write lock up front (``BEGIN IMMEDIATE``) so two writers never deadlock
-upgrading a read lock; ``busy_timeout`` queues them instead.
+upgrading a read lock; ``busy_timeout`` queues them instead. A transaction whose COMMIT
+fails is rolled back before the error is raised, so the connection stays usable.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .. import schema
+from .. import forksafe, schema
+from ..clock import SYSTEM_CLOCK, Clock
 from ..records import Approval, Effect, JournalEntry
 from . import sql
 from .base import WakeBoard, Watch
 
 _INSERT_EFFECT = (
     f"INSERT INTO openonce_effects ({', '.join(sql.NEW_COLUMNS)})"
-    f" VALUES ({', '.join('?' * len(sql.NEW_COLUMNS))})"
+    f" VALUES ({sql.marks(len(sql.NEW_COLUMNS))})"
     " ON CONFLICT (tool, idempotency_key) WHERE state <> 'released' DO NOTHING"
 )
-_INSERT_JOURNAL = f"INSERT INTO openonce_journal ({sql.JOURNAL_COLUMNS}) VALUES (?,?,?,?,?,?,?)"
-_INSERT_APPROVAL = f"INSERT INTO openonce_approvals ({sql.APPROVAL_COLUMNS}) VALUES (?,?,?,?,?,?,?)"
-_GET = f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects WHERE id = ?"
-_FIND = (
-    f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
-    " WHERE tool = ? AND idempotency_key = ? AND state <> 'released'"
-)
 
 
-class SQLiteStore:
+class SQLiteStore(sql.SQLStore):
     dialect = "sqlite"
 
     def __init__(
@@ -42,8 +40,9 @@ class SQLiteStore:
         synchronous: str = "FULL",
         busy_timeout: float = 30.0,
         poll_interval: float = 0.002,
+        clock: Clock | None = None,
     ) -> None:
-        if path == ":memory:":
+        if path == ":memory:" and type(self) is SQLiteStore:
             raise ValueError("SQLiteStore needs a file; use InMemoryStore for ':memory:'")
         if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
             raise ValueError("synchronous must be FULL, NORMAL or EXTRA (never OFF)")
@@ -52,39 +51,69 @@ class SQLiteStore:
         self.busy_timeout = busy_timeout
         # Another process's commit cannot wake us, so cross-process waiters re-read this often.
         self.poll_interval = poll_interval
+        self.clock = clock or SYSTEM_CLOCK
+        self._update_sql: dict[tuple[Any, ...], str] = {}
+        self._reset_process_state()
+        forksafe.register(self)
+
+    def _reset_process_state(self) -> None:
         self.board = WakeBoard()
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._all_lock = threading.Lock()
-        self._update_sql: dict[tuple[str, ...], str] = {}
+        self._conns: list[sqlite3.Connection] = []
+        self._conns_lock = threading.Lock()
+        self._pid = os.getpid()
 
-    def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(
-                self.path,
-                timeout=self.busy_timeout,
-                isolation_level=None,  # we issue BEGIN/COMMIT ourselves
-                check_same_thread=False,
-            )
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA synchronous={self.synchronous}")
-            conn.execute("PRAGMA foreign_keys=ON")
-            self._local.conn = conn
-            with self._all_lock:
-                self._all.append(conn)
+    def after_fork(self) -> None:
+        # A SQLite connection must not cross a fork: the child opens its own.
+        forksafe.abandon(self._conns)
+        self._reset_process_state()
+
+    # -- connections ----------------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path,
+            timeout=self.busy_timeout,
+            isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+            check_same_thread=False,
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self.synchronous}")
         return conn
 
+    @contextlib.contextmanager
+    def _use(self) -> Iterator[sqlite3.Connection]:
+        conn = getattr(self._local, "conn", None)
+        if conn is None or self._pid != os.getpid():
+            if self._pid != os.getpid():  # forked without os.register_at_fork (rare)
+                self.after_fork()
+            conn = self._local.conn = self._open()
+            with self._conns_lock:
+                self._conns.append(conn)
+        yield conn
+
+    def _one(self, query: str, params: Sequence[Any]) -> Any:
+        with self._use() as conn:
+            return conn.execute(query, params).fetchone()
+
+    def _all(self, query: str, params: Sequence[Any]) -> list[Any]:
+        with self._use() as conn:
+            return conn.execute(query, params).fetchall()
+
     def _write(self, work: Callable[[sqlite3.Connection], bool]) -> bool:
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            done = work(conn)
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT" if done else "ROLLBACK")
-        return done
+        with self._use() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                done = work(conn)
+                conn.execute("COMMIT" if done else "ROLLBACK")
+            except BaseException:
+                # Also when COMMIT itself failed: leave no transaction open behind us, or
+                # every later BEGIN on this connection would fail.
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                raise
+            return done
 
     # -- schema ---------------------------------------------------------------------------
 
@@ -97,30 +126,31 @@ class SQLiteStore:
         return schema.SCHEMA_VERSION
 
     def schema_version(self) -> int:
-        conn = self._conn()
-        exists = conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE name = 'openonce_schema'"
-        ).fetchone()
-        return schema.current_version(conn.cursor()) if exists else 0
+        with self._use() as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = 'openonce_schema'"
+            ).fetchone()
+            return schema.current_version(conn.cursor()) if exists else 0
 
-    # -- effects --------------------------------------------------------------------------
+    # -- writes (called by openonce_core.ledger only) -----------------------------------------
 
-    def get(self, effect_id: str) -> Effect | None:
-        row = self._conn().execute(_GET, (effect_id,)).fetchone()
-        return sql.effect_from_row(row) if row else None
+    def insert(self, effect: Effect, entries: Sequence[JournalEntry]) -> bool:
+        row = sql.new_effect_row(effect)
 
-    def find(self, tool: str, idempotency_key: str) -> Effect | None:
-        row = self._conn().execute(_FIND, (tool, idempotency_key)).fetchone()
-        return sql.effect_from_row(row) if row else None
-
-    def insert(self, effect: Effect, entry: JournalEntry) -> bool:
         def work(conn: sqlite3.Connection) -> bool:
-            if conn.execute(_INSERT_EFFECT, sql.new_effect_row(effect)).rowcount != 1:
+            if conn.execute(_INSERT_EFFECT, row).rowcount != 1:
                 return False
-            conn.execute(_INSERT_JOURNAL, sql.journal_row(entry))
+            conn.executemany(sql.INSERT_JOURNAL, [sql.journal_row(e) for e in entries])
             return True
 
         return self._write(work)
+
+    def insert_or_find(
+        self, effect: Effect, entries: Sequence[JournalEntry]
+    ) -> tuple[bool, sql.ReplayRow | None]:
+        if self.insert(effect, entries):
+            return True, None
+        return False, self.find_replay(effect.tool, effect.idempotency_key)
 
     def update(
         self,
@@ -128,28 +158,23 @@ class SQLiteStore:
         expect_states: Sequence[str],
         expect_fence: int,
         changes: dict[str, Any],
-        entry: JournalEntry,
+        entries: Sequence[JournalEntry],
         approval: Approval | None = None,
     ) -> bool:
-        fields = tuple(changes)
-        stmt = self._update_sql.get((*fields, str(len(expect_states))))
+        key = (*changes, len(expect_states))
+        stmt = self._update_sql.get(key)
         if stmt is None:
-            sets = ", ".join(f"{sql.column(f)} = ?" for f in fields)
-            marks = ", ".join("?" * len(expect_states))
-            stmt = (
-                f"UPDATE openonce_effects SET {sets}"
-                f" WHERE id = ? AND state IN ({marks}) AND fence = ?"
-            )
-            self._update_sql[(*fields, str(len(expect_states)))] = stmt
+            stmt = self._update_sql[key] = sql.update_statement(tuple(changes), len(expect_states))
         params = [sql.to_db(f, v) for f, v in changes.items()]
         params += [effect_id, *map(str, expect_states), expect_fence]
+        lines = [sql.journal_row(e) for e in entries]
 
         def work(conn: sqlite3.Connection) -> bool:
             if conn.execute(stmt, params).rowcount != 1:
                 return False
-            conn.execute(_INSERT_JOURNAL, sql.journal_row(entry))
+            conn.executemany(sql.INSERT_JOURNAL, lines)
             if approval is not None:
-                conn.execute(_INSERT_APPROVAL, sql.approval_row(approval))
+                conn.execute(sql.INSERT_APPROVAL, sql.approval_row(approval))
             return True
 
         done = self._write(work)
@@ -158,97 +183,12 @@ class SQLiteStore:
         return done
 
     def append_journal(self, entry: JournalEntry) -> None:
-        def work(conn: sqlite3.Connection) -> bool:
-            conn.execute(_INSERT_JOURNAL, sql.journal_row(entry))
-            return True
+        line = sql.journal_row(entry)
+        self._write(lambda conn: conn.execute(sql.INSERT_JOURNAL, line) is not None)
 
-        self._write(work)
-
-    def journal(self, effect_id: str) -> list[JournalEntry]:
-        rows = self._conn().execute(
-            f"SELECT seq, {sql.JOURNAL_COLUMNS} FROM openonce_journal"
-            " WHERE effect_id = ? ORDER BY seq",
-            (effect_id,),
-        )
-        return [sql.journal_from_row(r) for r in rows]
-
-    def approvals(self, effect_id: str) -> list[Approval]:
-        rows = self._conn().execute(
-            f"SELECT {sql.APPROVAL_COLUMNS} FROM openonce_approvals"
-            " WHERE effect_id = ? ORDER BY id",
-            (effect_id,),
-        )
-        return [sql.approval_from_row(r) for r in rows]
-
-    def list_effects(self, states: Iterable[str] | None = None, limit: int = 100) -> list[Effect]:
-        if states is None:
-            rows = self._conn().execute(
-                f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
-                " ORDER BY created_at, id LIMIT ?",
-                (limit,),
-            )
-        else:
-            wanted = [str(s) for s in states]
-            marks = ", ".join("?" * len(wanted))
-            rows = self._conn().execute(
-                f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects WHERE state IN ({marks})"
-                " ORDER BY created_at, id LIMIT ?",
-                (*wanted, limit),
-            )
-        return [sql.effect_from_row(r) for r in rows]
-
-    def expired_leases(self, at: float, limit: int = 100) -> list[Effect]:
-        rows = self._conn().execute(
-            f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
-            " WHERE state = 'started' AND lease_expires_at <= ?"
-            " ORDER BY lease_expires_at LIMIT ?",
-            (at, limit),
-        )
-        return [sql.effect_from_row(r) for r in rows]
-
-    def due_unknown(
-        self, before: float, limit: int = 100, after: tuple[float, str] | None = None
-    ) -> list[Effect]:
-        start = after or (float("-inf"), "")
-        rows = self._conn().execute(
-            f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects"
-            " WHERE state = 'unknown' AND updated_at <= ? AND (updated_at, id) > (?, ?)"
-            " ORDER BY updated_at, id LIMIT ?",
-            (before, start[0], start[1], limit),
-        )
-        return [sql.effect_from_row(r) for r in rows]
-
-    def get_many(self, effect_ids: Sequence[str]) -> list[Effect]:
-        if not effect_ids:
-            return []
-        marks = ", ".join("?" * len(effect_ids))
-        rows = self._conn().execute(
-            f"SELECT {sql.SELECT_COLUMNS} FROM openonce_effects WHERE id IN ({marks})",
-            list(effect_ids),
-        )
-        return [sql.effect_from_row(r) for r in rows]
-
-    def count(self, states: Iterable[str]) -> int:
-        wanted = [str(s) for s in states]
-        marks = ", ".join("?" * len(wanted))
-        row = (
-            self._conn()
-            .execute(f"SELECT count(*) FROM openonce_effects WHERE state IN ({marks})", wanted)
-            .fetchone()
-        )
-        return int(row[0])
-
-    def count_by_state(self) -> dict[str, int]:
-        rows = self._conn().execute("SELECT state, count(*) FROM openonce_effects GROUP BY state")
-        return {str(state): int(n) for state, n in rows}
-
-    def oldest_change(self, state: str) -> float | None:
-        row = (
-            self._conn()
-            .execute("SELECT min(updated_at) FROM openonce_effects WHERE state = ?", (state,))
-            .fetchone()
-        )
-        return row[0] if row else None
+    def renew(self, effect_id: str, fence: int, owner: str, until: float) -> bool:
+        params = (until, effect_id, fence, owner)
+        return self._write(lambda conn: conn.execute(sql.RENEW, params).rowcount == 1)
 
     def claim(
         self,
@@ -262,18 +202,8 @@ class SQLiteStore:
     ) -> list[str]:
         if not effect_ids:
             return []
-        marks = ", ".join("?" * len(effect_ids))
-        fence = " AND fence = ?" if expect_fence is not None else ""
-        owners = ", ".join("?" * len(steal_from)) or "NULL"
-        stmt = (
-            "UPDATE openonce_effects SET lease_owner = ?, lease_expires_at = ?,"
-            f" fence = fence + 1 WHERE id IN ({marks}) AND state = 'unknown'"
-            f" AND (lease_expires_at IS NULL OR lease_expires_at <= ? OR lease_owner IN ({owners}))"
-            f"{fence} RETURNING id"
-        )
-        params: list[Any] = [owner, until, *effect_ids, at, *steal_from]
-        if expect_fence is not None:
-            params.append(expect_fence)
+        stmt = sql.claim_statement(len(effect_ids), len(steal_from), expect_fence is not None)
+        params = sql.claim_params(effect_ids, owner, until, at, steal_from, expect_fence)
         claimed: list[str] = []
 
         def work(conn: sqlite3.Connection) -> bool:
@@ -284,11 +214,53 @@ class SQLiteStore:
         return claimed
 
     def watch(self, effect_id: str) -> Watch:
-        return Watch(self.board, effect_id, poll=self.poll_interval)
+        return Watch(self.board, effect_id, self.clock, poll=self.poll_interval)
 
     def close(self) -> None:
-        with self._all_lock:
-            for conn in self._all:
+        with self._conns_lock:
+            for conn in self._conns:
                 conn.close()
-            self._all.clear()
+            self._conns.clear()
         self._local = threading.local()
+
+
+class InMemoryStore(SQLiteStore):
+    """A process-local ledger for tests and throwaway runs; lost on exit.
+
+    It is the SQLite store on one private in-memory database, so every rule (the claim,
+    the fence, the schema) is the very same code; one connection serves all threads,
+    one at a time."""
+
+    dialect = "memory"
+
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        super().__init__(":memory:", clock=clock)
+        self.migrate()
+
+    def _reset_process_state(self) -> None:
+        super()._reset_process_state()
+        self._lock = threading.RLock()
+
+    def after_fork(self) -> None:
+        # The child keeps its copy of the parent's in-memory ledger (fork copies memory),
+        # with a lock of its own.
+        self._lock = threading.RLock()
+        self.board = WakeBoard()
+
+    def _open(self) -> sqlite3.Connection:
+        return sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+
+    @contextlib.contextmanager
+    def _use(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if self._conn is None:
+                self._conn = self._open()
+            yield self._conn
+
+    def watch(self, effect_id: str) -> Watch:
+        return Watch(self.board, effect_id, self.clock)
+
+    def close(self) -> None:
+        pass  # the ledger lives as long as this object

@@ -30,10 +30,10 @@ def db(request, tmp_path) -> str:
 def test_migrate_installs_schema_once(db):
     first = openonce(db, "migrate")
     assert first.returncode == 0, first.stderr
-    assert "migrated from version 0 to 1" in first.stdout
+    assert "migrated from version 0 to 2" in first.stdout
     again = openonce(db, "migrate")
     assert again.returncode == 0
-    assert "already at version 1" in again.stdout
+    assert "already at version 2" in again.stdout
 
 
 def test_commands_before_migrate_say_what_to_do(db):

@@ -26,6 +26,7 @@ from openonce_core import (
     ApprovalExpired,
     ApprovalPending,
     ApproverAlreadyCounted,
+    ConfigurationError,
     EffectCancelled,
     EffectFailed,
     EffectInFlightError,
@@ -50,10 +51,13 @@ from openonce_core import (
     current_scope,
     require_approval_for,
 )
+from openonce_core.schema import SCHEMA_VERSION
+from openonce_core.testing import FakeClock
 
 S = EffectState
 OWNER = "worker-1"
 AGENT = f"agent:{OWNER}"
+PEPPER = b"test-pepper-0123456789abcdef"
 
 
 # -- exceptions named like the ones real HTTP clients raise ------------------------------
@@ -128,10 +132,10 @@ class SlowStore(DelegatingStore):
         self.delay = delay
         self.write_threads: list[int] = []
 
-    def insert(self, effect, entry):
+    def insert_or_find(self, effect, entries):
         self.write_threads.append(threading.get_ident())
         time.sleep(self.delay)
-        return self.inner.insert(effect, entry)
+        return self.inner.insert_or_find(effect, entries)
 
     def update(self, *args, **kwargs):
         self.write_threads.append(threading.get_ident())
@@ -150,8 +154,10 @@ def raw_ledger_text(store: Any, store_kind: str) -> str:
                     data += f.read()
         return data.decode("latin-1")
     assert store_kind == "postgres"
+    import psycopg
+
     parts = []
-    with store.pool.connection() as conn:
+    with psycopg.connect(store.dsn) as conn:
         for table in ("openonce_effects", "openonce_journal", "openonce_approvals"):
             rows = conn.execute(f"SELECT t::text FROM {table} t").fetchall()
             parts.extend(r[0] for r in rows)
@@ -256,7 +262,7 @@ def test_wrapping_an_existing_callable(store):
 
 
 def test_effect_declaration_errors_are_raised_up_front(store):
-    oo = OpenOnce(store, retry_delay=0)
+    oo = OpenOnce(store, retry_delay=0, secret_pepper=PEPPER)
 
     def refund(charge: str, amount_cents: int) -> None: ...
 
@@ -268,6 +274,46 @@ def test_effect_declaration_errors_are_raised_up_front(store):
         oo.effect(refund, max_attempts=0)
     with pytest.raises(ValueError, match="'card' is not a parameter"):
         oo.effect(refund, secret_fields=["card"])
+    # A key that is neither a function nor a literal is refused when declared, naming it.
+    for bad in (42, b"refund-1", ["refund-1"], ""):
+        with pytest.raises(ValueError, match="idempotency_key"):
+            oo.effect(refund, idempotency_key=bad)
+    with pytest.raises(ValueError, match="business_errors"):
+        oo.effect(refund, business_errors=["CardDeclined"])
+    assert store.list_effects() == []
+
+
+def test_a_literal_idempotency_key_names_one_effect(store):
+    oo = OpenOnce(store, retry_delay=0)
+    calls: list[int] = []
+
+    @oo.effect(tool="stripe.refund", idempotency_key="refund-1")
+    def refund(charge: str, amount_cents: int) -> dict[str, Any]:
+        calls.append(amount_cents)
+        return {"refund": "re_1"}
+
+    assert refund("ch_1", 500) == {"refund": "re_1"}
+    assert refund("ch_1", 500) == {"refund": "re_1"}  # replayed: one key, no scope needed
+    with pytest.raises(IdempotencyMismatchError):
+        refund("ch_1", 700)
+    assert calls == [500]
+    assert only_effect(store).idempotency_key == "refund-1"
+
+
+def test_secret_fields_need_a_pepper(store, monkeypatch):
+    monkeypatch.delenv("OPENONCE_SECRET_PEPPER", raising=False)
+    oo = OpenOnce(store, retry_delay=0)
+
+    def charge(card: str, amount_cents: int) -> None: ...
+
+    # Without a pepper a 6-digit PIN is recovered from its digest in seconds.
+    with pytest.raises(ConfigurationError, match="secret_fields need a pepper"):
+        oo.effect(charge, secret_fields=["card"])
+    with pytest.raises(ConfigurationError, match="at least 16 bytes"):
+        OpenOnce(store, secret_pepper=b"short")
+    monkeypatch.setenv("OPENONCE_SECRET_PEPPER", "from-the-environment-0123456789")
+    assert OpenOnce(store).effect(charge, secret_fields=["card"]) is not None
+    assert store.list_effects() == []
 
 
 # -- keys ----------------------------------------------------------------------------------
@@ -823,7 +869,7 @@ def test_ambiguous_errors_park_unknown_and_are_never_retried(store, ambiguous):
     assert calls == [500]
     assert oo.get(effect.id).state == S.UNKNOWN
     assert [e.id for e in oo.review()] == [effect.id]
-    assert oo.stats["unknown"] == 1
+    assert oo.stats["unknown"] == 2  # both calls ended UNKNOWN; the handler ran once
 
 
 def test_explicit_retryable_raise_wins_over_the_cause(store):
@@ -898,25 +944,96 @@ def _slow_sender(oo: OpenOnce, release: threading.Event, entered: threading.Even
     return send, calls, ids
 
 
+def stalled(oo: OpenOnce) -> OpenOnce:
+    """Stop ``oo`` renewing its leases, like a process that was stopped (SIGSTOP) or cut off
+    from the ledger while its handler runs: its lease can now run out."""
+    oo.keeper.close()
+    return oo
+
+
+def wait_until(check: Any, what: str, timeout: float = 10.0) -> None:
+    """Wait (real time, bounded) for another thread to get somewhere."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
+def test_a_running_handler_keeps_its_lease(store):
+    clock = FakeClock()
+    oo = OpenOnce(store, retry_delay=0, lease_seconds=60, owner=OWNER, clock=clock)
+    release, entered = threading.Event(), threading.Event()
+    send, calls, ids = _slow_sender(oo, release, entered)
+    first = in_thread(send, "a@b.c")
+    try:
+        assert entered.wait(5)
+        effect_id = ids[0]
+        for _ in range(4):  # four minutes of a 60 s lease: renewed, never expired
+            before = oo.get(effect_id).lease_expires_at
+            clock.advance(25)
+            wait_until(lambda b=before: oo.get(effect_id).lease_expires_at != b, "a renewal")
+            assert oo.get(effect_id).lease_expires_at == clock.now() + 60
+            assert oo.expire_leases() == []
+        effect = oo.get(effect_id)
+        assert effect.state == S.STARTED and effect.fence == 1  # renewals keep the fence
+        assert moves(oo, effect_id) == [(S.PLANNED, S.STARTED)]  # and write no journal
+    finally:
+        release.set()
+    assert first.result(timeout=10) == {"message_id": "m-1"}
+    assert oo.get(ids[0]).state == S.COMMITTED
+    assert calls == [1]
+
+
+def test_a_handler_can_ask_whether_it_still_owns_its_effect(store):
+    clock = FakeClock()
+    oo = stalled(OpenOnce(store, retry_delay=0, lease_seconds=60, owner=OWNER, clock=clock))
+    other = OpenOnce(store, retry_delay=0, clock=clock)
+    seen: list[bool] = []
+    go_on = threading.Event()
+    entered = threading.Event()
+
+    @oo.effect(tool="email.send", idempotency_key=lambda to: f"mail-{to}")
+    def send(to: str) -> str:
+        ctx = current_effect()
+        seen.append(ctx.owns())
+        entered.set()
+        assert go_on.wait(10)
+        seen.append(ctx.owns())  # about to do the irreversible part: still mine?
+        seen.append(ctx.renew())
+        return "sent"
+
+    first = in_thread(send, "a@b.c")
+    assert entered.wait(5)
+    clock.advance(61)
+    assert other.expire_leases() != []  # the lease lapsed: the effect is UNKNOWN now
+    go_on.set()
+    assert first.result(timeout=10) == "sent"
+    assert seen == [True, False, False]
+    # Nobody decided meanwhile, so its late receipt stands — but it could have asked first.
+    assert only_effect(store).verification_status == "late_receipt"
+
+
 def test_expired_lease_becomes_unknown_and_is_never_run_again(store):
-    oo = OpenOnce(store, retry_delay=0, lease_seconds=0.2, owner=OWNER)
+    clock = FakeClock()
+    oo = stalled(OpenOnce(store, retry_delay=0, lease_seconds=60, owner=OWNER, clock=clock))
     release, entered = threading.Event(), threading.Event()
     send, calls, ids = _slow_sender(oo, release, entered)
     first = in_thread(send, "a@b.c")  # a worker that hangs (or died) mid-call
     try:
         assert entered.wait(5)
         effect_id = ids[0]
+        clock.advance(59)
         assert oo.expire_leases() == []  # the lease still runs
         assert oo.get(effect_id).state == S.STARTED
         assert oo.review() == []
-        time.sleep(0.3)
+        clock.advance(2)
         assert oo.expire_leases() == [effect_id]
         effect = oo.get(effect_id)
         assert effect.state == S.UNKNOWN
         assert effect.lease_owner is None
         assert effect.execution_status == "unknown"
         last = oo.journal(effect_id)[-1]
-        assert (last.from_state, last.to_state) == (S.STARTED, S.UNKNOWN)
+        assert (last.from_state, last.to_state, last.action) == (S.STARTED, S.UNKNOWN, "expire")
         assert last.actor == "openonce"
         assert last.reason == f"lease of attempt 1 held by {OWNER} expired"
         for _ in range(2):
@@ -930,17 +1047,20 @@ def test_expired_lease_becomes_unknown_and_is_never_run_again(store):
 
 
 def test_duplicate_waiting_on_an_expired_lease_gets_unknown_not_a_rerun(store):
-    oo = OpenOnce(store, retry_delay=0, lease_seconds=0.2, wait_seconds=5)
+    clock = FakeClock()
+    oo = stalled(OpenOnce(store, retry_delay=0, lease_seconds=60, wait_seconds=300, clock=clock))
     release, entered = threading.Event(), threading.Event()
     send, calls, ids = _slow_sender(oo, release, entered)
     first = in_thread(send, "a@b.c")
     try:
         assert entered.wait(5)
-        started = time.monotonic()
         # Arrives while the lease is live: waits for it, then finds it expired.
+        duplicate = in_thread(send, "a@b.c")
+        wait_until(lambda: store.board.waiting() == [ids[0]], "the duplicate to wait")
+        assert not duplicate.done()
+        clock.advance(61)
         with pytest.raises(OutcomeUnknownError):
-            send("a@b.c")
-        assert time.monotonic() - started < 4
+            duplicate.result(timeout=10)
         assert oo.get(ids[0]).state == S.UNKNOWN
         assert calls == [1]
     finally:
@@ -972,15 +1092,22 @@ def test_duplicate_gives_up_waiting_on_a_live_lease(store):
     assert calls == [1]
 
 
-def test_late_result_commits_when_nobody_rearmed(store):
-    oo = OpenOnce(store, retry_delay=0, lease_seconds=0.2, owner=OWNER)
+def _lapsed(store: Any) -> tuple[OpenOnce, FakeClock, Any, list[int], list[str], Any, Any]:
+    """An attempt that is still running after its lease lapsed: its effect is UNKNOWN."""
+    clock = FakeClock()
+    oo = stalled(OpenOnce(store, retry_delay=0, lease_seconds=60, owner=OWNER, clock=clock))
     release, entered = threading.Event(), threading.Event()
     send, calls, ids = _slow_sender(oo, release, entered)
     first = in_thread(send, "a@b.c")
+    assert entered.wait(5)
+    clock.advance(61)
+    assert oo.expire_leases() == [ids[0]]
+    return oo, clock, send, calls, ids, first, release
+
+
+def test_late_result_commits_when_nobody_decided(store):
+    oo, _, send, calls, ids, first, release = _lapsed(store)
     try:
-        assert entered.wait(5)
-        time.sleep(0.3)
-        assert oo.expire_leases() == [ids[0]]
         with pytest.raises(OutcomeUnknownError):
             send("a@b.c")
     finally:
@@ -992,24 +1119,19 @@ def test_late_result_commits_when_nobody_rearmed(store):
     assert effect.result == {"message_id": "m-1"}
     assert effect.verification_status == "late_receipt"
     last = oo.journal(ids[0])[-1]
-    assert (last.from_state, last.to_state) == (S.UNKNOWN, S.COMMITTED)
+    assert (last.from_state, last.to_state, last.action) == (S.UNKNOWN, S.COMMITTED, "late_result")
     assert last.reason == "late result of attempt 1 after its lease expired"
     assert send("a@b.c") == {"message_id": "m-1"}
     assert calls == [1]
 
 
-def test_late_result_after_a_newer_attempt_raises_lease_lost(store):
-    oo = OpenOnce(store, retry_delay=0, lease_seconds=0.2, owner=OWNER)
-    release, entered = threading.Event(), threading.Event()
-    send, calls, ids = _slow_sender(oo, release, entered)
-    first = in_thread(send, "a@b.c")
+def test_late_result_after_a_committed_retry_is_a_double_execution_for_a_person(store):
+    oo, _, send, calls, ids, first, release = _lapsed(store)
     try:
-        assert entered.wait(5)
-        time.sleep(0.3)
-        assert oo.expire_leases() == [ids[0]]
         oo.resolve_not_happened(ids[0], by="eric", reason="not in the sent folder")
         # The re-armed effect runs again as attempt 2 and commits.
         assert send("a@b.c") == {"message_id": "m-2"}
+        assert oo.get(ids[0]).state == S.COMMITTED
     finally:
         release.set()
     error = first.exception(timeout=10)
@@ -1018,27 +1140,28 @@ def test_late_result_after_a_newer_attempt_raises_lease_lost(store):
     assert error.effect_id == ids[0]
     assert error.observed_outcome == "returned"
     assert error.observed_value == {"message_id": "m-1"}
+    # Both attempts sent the mail: never a clean COMMITTED, a person must look.
     effect = oo.get(ids[0])
-    assert effect.state == S.COMMITTED
+    assert effect.state == S.HUMAN_REVIEW
     assert effect.attempt == 2
     assert effect.result == {"message_id": "m-2"}  # the fenced-off result did not overwrite
     last = oo.journal(ids[0])[-1]
-    assert (last.from_state, last.to_state) == (S.COMMITTED, S.COMMITTED)
-    assert last.reason == "attempt 1 finished (returned) after losing its lease"
+    assert (last.from_state, last.to_state, last.action) == (
+        S.COMMITTED, S.HUMAN_REVIEW, "contradict",
+    )  # fmt: skip
+    assert last.reason.startswith("attempt 1 finished (returned) after losing its lease")
+    assert "committed (attempt 2)" in last.reason
     assert last.evidence["observed"] == "returned"
     assert last.evidence["attempt"] == 1
+    assert last.evidence["result"] == {"message_id": "m-1"}
+    with pytest.raises(OutcomeUnknownError):
+        send("a@b.c")
     assert calls == [1, 2]
 
 
 def test_late_result_contradicting_a_not_happened_decision_goes_to_human_review(store):
-    oo = OpenOnce(store, retry_delay=0, lease_seconds=0.2, owner=OWNER)
-    release, entered = threading.Event(), threading.Event()
-    send, calls, ids = _slow_sender(oo, release, entered)
-    first = in_thread(send, "a@b.c")
+    oo, _, send, calls, ids, first, release = _lapsed(store)
     try:
-        assert entered.wait(5)
-        time.sleep(0.3)
-        assert oo.expire_leases() == [ids[0]]
         oo.resolve_not_happened(ids[0], by="eric", reason="not in the sent folder")
         assert oo.get(ids[0]).state == S.PLANNED
     finally:
@@ -1050,33 +1173,54 @@ def test_late_result_contradicting_a_not_happened_decision_goes_to_human_review(
     last = oo.journal(ids[0])[-1]
     assert (last.from_state, last.to_state) == (S.PLANNED, S.HUMAN_REVIEW)
     assert last.actor == "openonce"
-    assert "contradicts the not-happened decision" in last.reason
+    assert "contradicts the recorded planned" in last.reason
     with pytest.raises(OutcomeUnknownError):
         send("a@b.c")
     assert calls == [1]
 
 
-def test_cancelled_effect_still_names_who_cancelled_after_a_late_result(store):
-    oo = OpenOnce(store, retry_delay=0, lease_seconds=0.2, owner=OWNER)
+@pytest.mark.parametrize("outcome", ["failed", "unknown"])
+def test_a_late_failure_after_a_re_arm_is_journaled_and_escalated(store, outcome):
+    clock = FakeClock()
+    oo = stalled(OpenOnce(store, retry_delay=0, lease_seconds=60, owner=OWNER, clock=clock))
     release, entered = threading.Event(), threading.Event()
-    send, calls, ids = _slow_sender(oo, release, entered)
+
+    @oo.effect(tool="email.send", idempotency_key=lambda to: f"mail-{to}")
+    def send(to: str) -> None:
+        entered.set()
+        assert release.wait(10)
+        raise CardDeclined("no") if outcome == "failed" else TimeoutError("read timed out")
+
+    oo_business = OpenOnce(store, retry_delay=0, clock=clock)
     first = in_thread(send, "a@b.c")
+    assert entered.wait(5)
+    clock.advance(61)
+    (effect_id,) = oo_business.expire_leases()
+    oo.resolve_not_happened(effect_id, by="eric", reason="not sent")
+    release.set()
+    assert isinstance(first.exception(timeout=10), LeaseLostError)
+    # Not "only journaled": whatever the first attempt did, a person decides the re-run.
+    assert oo.get(effect_id).state == S.HUMAN_REVIEW
+    last = oo.journal(effect_id)[-1]
+    assert (last.from_state, last.to_state) == (S.PLANNED, S.HUMAN_REVIEW)
+    assert last.evidence["observed"] == outcome
+
+
+def test_a_cancel_names_who_cancelled_and_a_late_result_after_it_escalates(store):
+    oo, _, send, calls, ids, first, release = _lapsed(store)
     try:
-        assert entered.wait(5)
-        time.sleep(0.3)
-        assert oo.expire_leases() == [ids[0]]
         oo.resolve_not_happened(ids[0], by="eric", reason="not in the sent folder")
         oo.cancel(ids[0], by="eric", reason="customer withdrew")
+        with pytest.raises(EffectCancelled) as cancelled:
+            send("a@b.c")
+        assert "eric" in str(cancelled.value)
+        assert "customer withdrew" in str(cancelled.value)
     finally:
         release.set()
     assert isinstance(first.exception(timeout=10), LeaseLostError)
-    assert oo.get(ids[0]).state == S.CANCELLED
-    assert oo.journal(ids[0])[-1].reason == "attempt 1 finished (returned) after losing its lease"
-    with pytest.raises(EffectCancelled) as cancelled:
-        send("a@b.c")
-    # The cancellation was eric's decision, not the agent's late journal line.
-    assert "eric" in str(cancelled.value)
-    assert "customer withdrew" in str(cancelled.value)
+    # The cancelled effect had happened after all: a person must know.
+    assert oo.get(ids[0]).state == S.HUMAN_REVIEW
+    assert [line.action for line in oo.journal(ids[0])][-2:] == ["cancel", "contradict"]
     assert calls == [1]
 
 
@@ -1293,11 +1437,18 @@ def test_resolve_happened_commits_the_receipt_and_duplicates_replay_it(store):
     assert charge(500) == {"stripe_id": "pi_1"}
     assert charge(500) == {"stripe_id": "pi_1"}
     assert calls == [1]
-    last = oo.journal(effect_id)[-1]
-    assert (last.from_state, last.to_state) == (S.UNKNOWN, S.COMMITTED)
-    assert (last.actor, last.reason) == ("operator:eric", "matched in dashboard")
-    assert last.evidence["receipt"] == {"stripe_id": "pi_1"}
-    assert last.evidence["resolution"] == "happened"
+    # As the spec's journal shows it: the receipt, then its check, in the same commit.
+    receipt_line, verdict = oo.journal(effect_id)[-2:]
+    assert (receipt_line.from_state, receipt_line.to_state, receipt_line.action) == (
+        S.UNKNOWN, S.RECEIPT_RECORDED, "resolve_happened",
+    )  # fmt: skip
+    assert (receipt_line.actor, receipt_line.reason) == ("operator:eric", "matched in dashboard")
+    assert receipt_line.evidence["receipt"] == {"stripe_id": "pi_1"}
+    assert receipt_line.evidence["resolution"] == "happened"
+    assert (verdict.from_state, verdict.to_state, verdict.action) == (
+        S.RECEIPT_RECORDED, S.COMMITTED, "check_receipt",
+    )  # fmt: skip
+    assert verdict.at == receipt_line.at and verdict.seq == receipt_line.seq + 1
 
 
 @pytest.mark.parametrize(
@@ -1666,7 +1817,7 @@ def test_failed_finishing_write_after_a_business_error_carries_the_exception(sto
 
 
 def test_secret_fields_are_stored_as_digests_only_and_still_dedup(store, store_kind):
-    oo = OpenOnce(store, retry_delay=0)
+    oo = OpenOnce(store, retry_delay=0, secret_pepper=PEPPER)
     card = "4242424242424242"
     other_card = "4000056655665556"
     calls: list[str] = []
@@ -1689,7 +1840,7 @@ def test_secret_fields_are_stored_as_digests_only_and_still_dedup(store, store_k
     effects = store.list_effects()
     assert len(effects) == 3
     for effect in effects:
-        assert effect.args["card"].startswith("sha256:")
+        assert effect.args["card"].startswith("hmac-sha256:")
         assert card not in repr(effect)
         assert other_card not in repr(effect)
         for line in oo.journal(effect.id):
@@ -1857,7 +2008,7 @@ def test_journal_is_append_only(store, store_kind):
     journal_before = oo.journal(effect_id)
     approvals_before = oo.approvals(effect_id)
     if store_kind == "sqlite":
-        conn = store._conn()
+        conn = sqlite3.connect(store.path, isolation_level=None)
         for statement in (
             "UPDATE openonce_journal SET reason = 'edited'",
             "DELETE FROM openonce_journal",
@@ -1866,6 +2017,7 @@ def test_journal_is_append_only(store, store_kind):
         ):
             with pytest.raises(sqlite3.DatabaseError, match="append-only"):
                 conn.execute(statement)
+        conn.close()
     elif store_kind == "postgres":
         import psycopg
 
@@ -1875,10 +2027,20 @@ def test_journal_is_append_only(store, store_kind):
             "UPDATE openonce_approvals SET decided_by = 'mallory'",
             "DELETE FROM openonce_approvals",
         ):
-            with store.pool.connection() as conn, pytest.raises(psycopg.Error, match="append"):
+            with (
+                psycopg.connect(store.dsn, autocommit=True) as conn,
+                pytest.raises(psycopg.Error, match="append"),
+            ):
                 conn.execute(statement)
     else:
-        # In memory there is no SQL to refuse; what a reader gets back cannot edit the log.
+        # In memory the same triggers refuse; and what a reader gets back cannot edit it.
+        with store._use() as conn:
+            for statement in (
+                "UPDATE openonce_journal SET reason = 'edited'",
+                "DELETE FROM openonce_approvals",
+            ):
+                with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+                    conn.execute(statement)
         lines = oo.journal(effect_id)
         lines.clear()
         with pytest.raises(dataclasses.FrozenInstanceError):
@@ -1898,18 +2060,20 @@ def test_schema_version_and_repeated_migrate(store, store_kind):
         return "sent"
 
     send("a@b.c")
-    assert store.schema_version() == 1
-    assert store.migrate() == 1
-    assert store.migrate() == 1
-    assert store.schema_version() == 1
+    assert store.schema_version() == SCHEMA_VERSION == 2
+    assert store.migrate() == 2
+    assert store.migrate() == 2
+    assert store.schema_version() == 2
     assert send("a@b.c") == "sent"  # migrating again kept the ledger
     assert calls == ["a@b.c"]
     if store_kind == "sqlite":
-        rows = store._conn().execute("SELECT version FROM openonce_schema").fetchall()
-        assert rows == [(1,)]
+        rows = sqlite3.connect(store.path).execute("SELECT version FROM openonce_schema")
+        assert rows.fetchall() == [(1,), (2,)]
     elif store_kind == "postgres":
-        with store.pool.connection() as conn:
-            rows = conn.execute("SELECT version FROM openonce_schema").fetchall()
-        assert rows == [(1,)]
+        import psycopg
+
+        with psycopg.connect(store.dsn) as conn:
+            rows = conn.execute("SELECT version FROM openonce_schema ORDER BY 1").fetchall()
+        assert rows == [(1,), (2,)]
     else:
         assert isinstance(store, InMemoryStore)

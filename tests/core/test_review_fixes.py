@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
 
@@ -20,21 +19,35 @@ from openonce_core import (
     RetryableEffectError,
     require_approval_for,
 )
+from openonce_core.testing import FakeClock
 
 S = EffectState
 
 
+class GatedClock(FakeClock):
+    """A FakeClock whose sleep() holds the sleeper until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sleeping = threading.Event()
+        self.wake = threading.Event()
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeping.set()
+        assert self.wake.wait(10), "the test never woke the sleeper"
+        super().sleep(seconds)
+
+
 def test_a_claim_lost_while_waiting_to_retry_is_never_called_again(store):
     """Claim before call holds for retries too: the wait comes before the renewed claim."""
-    # The first attempt takes 0.5 s of a 0.6 s lease, then waits 0.3 s (half the lease)
-    # to retry: the lease lapses at 0.6 s, while A waits.
-    oo = OpenOnce(store, retry_delay=1.0, lease_seconds=0.6, owner="A")
+    clock = GatedClock()
+    oo = OpenOnce(store, retry_delay=1.0, lease_seconds=60, owner="A", clock=clock)
+    oo.keeper.close()  # A is stopped while it waits: nothing renews its lease
     calls: list[int] = []
 
     @oo.effect(tool="stripe.charge", idempotency_key=lambda order: order, max_attempts=3)
     def charge(order: str) -> dict:
         calls.append(len(calls))
-        time.sleep(0.5)
         raise RetryableEffectError("connect refused")
 
     outcome: dict[str, BaseException] = {}
@@ -47,22 +60,25 @@ def test_a_claim_lost_while_waiting_to_retry_is_never_called_again(store):
 
     worker = threading.Thread(target=run)
     worker.start()
-    while not calls:
-        time.sleep(0.01)
-    # While A waits to retry, its first lease lapses and a person re-arms the effect.
-    time.sleep(0.65)
+    assert clock.sleeping.wait(10)
+    # While A waits to retry, its lease lapses and a person re-arms the effect.
+    clock.advance(61)
     effect_id = store.list_effects()[0].id
     oo.expire_leases()
     assert oo.get(effect_id).state == S.UNKNOWN
     oo.resolve_not_happened(effect_id, by="eve", reason="connect refused: nothing was sent")
+    clock.wake.set()
     worker.join(5)
     assert isinstance(outcome["A"], LeaseLostError)
     assert calls == [0]  # A never called again after losing its claim
+    # Nothing was sent by A's attempt, so the re-arm stands; the late line is evidence.
     assert oo.get(effect_id).state == S.PLANNED
+    assert oo.journal(effect_id)[-1].evidence["observed"] == "retryable"
 
 
 def test_a_re_armed_effect_needs_its_approval_to_still_hold(store):
-    oo = OpenOnce(store, policy=require_approval_for(["stripe.*"], approval_ttl=0.3))
+    clock = FakeClock()
+    oo = OpenOnce(store, policy=require_approval_for(["stripe.*"], approval_ttl=300), clock=clock)
     calls: list[str] = []
 
     @oo.effect(tool="stripe.refund", idempotency_key=lambda charge: charge)
@@ -76,17 +92,19 @@ def test_a_re_armed_effect_needs_its_approval_to_still_hold(store):
     oo.approve(effect_id, by="ann", reason="ok")
     with pytest.raises(OutcomeUnknownError):
         refund("ch_1")
-    time.sleep(0.35)  # the approval lapses
+    clock.advance(301)  # the approval lapses
     oo.resolve_not_happened(effect_id, by="eve", reason="not in the dashboard")
     with pytest.raises(ApprovalExpired):
         refund("ch_1")
     assert calls == ["ch_1"]
     assert oo.get(effect_id).state == S.REQUIRES_APPROVAL
-    assert oo.journal(effect_id)[-1].reason == "approval expired before the re-armed call ran"
+    assert oo.journal(effect_id)[-1].reason == "approval expired before the call ran"
 
 
 def test_a_refused_decision_changes_nothing_even_on_a_lapsed_lease(store):
-    oo = OpenOnce(store, lease_seconds=0.05)
+    clock = FakeClock()
+    oo = OpenOnce(store, lease_seconds=60, clock=clock)
+    oo.keeper.close()  # a stopped process: its lease lapses
     started = threading.Event()
     release = threading.Event()
 
@@ -99,7 +117,7 @@ def test_a_refused_decision_changes_nothing_even_on_a_lapsed_lease(store):
     worker = threading.Thread(target=slow, args=(1,))
     worker.start()
     started.wait(5)
-    time.sleep(0.1)
+    clock.advance(61)
     effect_id = store.list_effects()[0].id
     before = oo.journal(effect_id)
     with pytest.raises(IllegalTransitionError):

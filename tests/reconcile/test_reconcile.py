@@ -32,7 +32,8 @@ from openonce_core import (
 from openonce_core.probe import ProbeOutcome, ProbeResult
 from openonce_core.providers import CapabilityMatrix
 from openonce_core.reconcile import Reconciler, ReconcileReport
-from openonce_core.records import Effect, now
+from openonce_core.records import Effect
+from openonce_core.testing import FakeClock
 
 S = EffectState
 HAPPENED = ProbeOutcome.HAPPENED
@@ -42,7 +43,8 @@ BOUND = object()  # "echo this effect's provider key"
 OWNER = "sweeper-1"
 ACTOR = f"reconciler:{OWNER}"
 PR = {"owner": "acme", "repo": "api", "head": "fix-login", "title": "Fix login"}
-RESOLUTIONS = {S.COMMITTED, S.PLANNED, S.HUMAN_REVIEW}
+# A probe's decision leaves UNKNOWN for one of these (a receipt first, then its check).
+RESOLUTIONS = {S.RECEIPT_RECORDED, S.COMMITTED, S.PLANNED, S.HUMAN_REVIEW}
 
 
 # -- the world: a fake provider, handlers that time out after it recorded, probers --------
@@ -183,8 +185,13 @@ class Fixed:
 
 
 @pytest.fixture
-def oo(store: Store) -> OpenOnce:
-    return OpenOnce(store, retry_delay=0)
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def oo(store: Store, clock: FakeClock) -> OpenOnce:
+    return OpenOnce(store, retry_delay=0, clock=clock)
 
 
 @pytest.fixture
@@ -227,23 +234,40 @@ def assert_escalated(oo: OpenOnce, effect_id: str, *fragments: str) -> Any:
 
 def resolution_lines(oo: OpenOnce, effect_id: str) -> list[Any]:
     return [
-        j for j in oo.journal(effect_id) if j.from_state == S.UNKNOWN and j.to_state in RESOLUTIONS
+        j
+        for j in oo.journal(effect_id)
+        if j.from_state in (S.UNKNOWN, S.RECEIPT_RECORDED) and j.to_state in RESOLUTIONS
     ]
+
+
+def probe_line(oo: OpenOnce, effect_id: str) -> Any:
+    """The reconciler's decision line: for a commit the receipt line before its check."""
+    journal = oo.journal(effect_id)
+    if journal[-1].action == "check_receipt":
+        assert journal[-2].to_state == S.RECEIPT_RECORDED
+        assert (journal[-1].from_state, journal[-1].to_state) == (S.RECEIPT_RECORDED, S.COMMITTED)
+        return journal[-2]
+    return journal[-1]
 
 
 # -- expired leases -----------------------------------------------------------------------
 
 
-def test_expired_lease_becomes_unknown_is_not_decided_in_that_sweep_and_never_reruns(oo, make_rec):
+def test_expired_lease_becomes_unknown_is_not_decided_in_that_sweep_and_never_reruns(
+    oo, make_rec, clock
+):
     provider: dict[str, dict[str, Any]] = {}
     calls: list[int] = []
     release = threading.Event()
+    entered = threading.Event()
+    oo.keeper.close()  # the process hangs: nothing renews its lease
 
-    @oo.effect(tool="stripe.charge", idempotency_key=lambda order: order, lease_seconds=0.1)
+    @oo.effect(tool="stripe.charge", idempotency_key=lambda order: order, lease_seconds=60)
     def charge(order: str) -> dict[str, Any]:
         ctx = current_effect()
         calls.append(ctx.attempt)
         provider[ctx.provider_key] = {"stripe_id": "pi_hung"}
+        entered.set()
         release.wait(10)  # the process hangs (or died) after the provider recorded it
         raise TimeoutError("read timed out")
 
@@ -261,9 +285,9 @@ def test_expired_lease_becomes_unknown_is_not_decided_in_that_sweep_and_never_re
         miss = Fixed(NOT_HAPPENED)  # even a "miss" must not decide it in the expiry sweep
         sweeper = make_rec()
         sweeper.register("stripe.charge", miss)
-        deadline = time.monotonic() + 5
-        while not sweeper.due() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        assert entered.wait(5)
+        assert sweeper.due() == []  # the lease still runs
+        clock.advance(61)
         [due] = sweeper.due()
         assert due.state == S.STARTED
         effect_id = due.id
@@ -280,6 +304,7 @@ def test_expired_lease_becomes_unknown_is_not_decided_in_that_sweep_and_never_re
         assert (line.from_state, line.to_state, line.actor) == (S.STARTED, S.UNKNOWN, "openonce")
         assert "lease of attempt 1" in line.reason and "expired" in line.reason
         assert line.evidence["attempt"] == 1
+        assert line.evidence["lease_expired_at"] == due.lease_expires_at
 
         # An identical call does not run the handler again: the outcome is unknown.
         with pytest.raises(OutcomeUnknownError):
@@ -304,11 +329,14 @@ def test_expired_lease_becomes_unknown_is_not_decided_in_that_sweep_and_never_re
     assert calls == [1]
 
 
-def test_expire_leases_and_the_reconciler_agree_on_what_is_due(oo, make_rec):
+def test_expire_leases_and_the_reconciler_agree_on_what_is_due(oo, make_rec, clock):
     release = threading.Event()
+    entered = threading.Event()
+    oo.keeper.close()  # the process hangs: nothing renews its lease
 
-    @oo.effect(tool="acme.ship", idempotency_key=lambda parcel: parcel, lease_seconds=0.05)
+    @oo.effect(tool="acme.ship", idempotency_key=lambda parcel: parcel, lease_seconds=60)
     def ship(parcel: str) -> None:
+        entered.set()
         release.wait(10)
         raise TimeoutError
 
@@ -324,9 +352,8 @@ def test_expire_leases_and_the_reconciler_agree_on_what_is_due(oo, make_rec):
     worker.start()
     try:
         rec = make_rec()
-        deadline = time.monotonic() + 5
-        while not rec.due() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        assert entered.wait(5)
+        clock.advance(61)
         [due] = rec.due()
         assert oo.expire_leases() == [due.id]
         assert oo.get(due.id).state == S.UNKNOWN
@@ -361,17 +388,16 @@ def test_unknown_inside_the_capability_grace_window_is_not_probed(world, make_re
     assert last(world.oo, effect_id).to_state == S.UNKNOWN  # no journal line was added
 
 
-def test_unknown_past_an_overridden_grace_window_is_probed(world, make_rec):
+def test_unknown_past_an_overridden_grace_window_is_probed(world, make_rec, clock):
     effect_id = world.unknown("stripe.charge")
-    went_unknown = world.oo.get(effect_id).updated_at
     lookup = Lookup(world.provider)
-    rec = make_rec(grace_seconds=None, grace_overrides={"stripe.charge": 0.5})
+    rec = make_rec(grace_seconds=None, grace_overrides={"stripe.charge": 30})
     rec.register("stripe.charge", lookup)
 
-    if now() < went_unknown + 0.4:
-        report = rec.run_once()
-        assert lookup.calls == [] and report.waiting == 1 and report.resolved == 0
-    time.sleep(max(0.0, went_unknown + 0.55 - now()))
+    clock.advance(29)
+    report = rec.run_once()
+    assert lookup.calls == [] and report.waiting == 1 and report.resolved == 0
+    clock.advance(1)
     report = rec.run_once()
     assert lookup.calls == [effect_id]
     assert report.committed == [effect_id] and report.waiting == 0
@@ -419,8 +445,10 @@ def test_happened_with_a_bound_receipt_commits_and_duplicates_replay_it(world, m
     assert observation["receipt"] == receipt
     assert observation["provider_reference"] == effect.provider_key
 
-    line = last(world.oo, effect_id)
-    assert (line.from_state, line.to_state, line.actor) == (S.UNKNOWN, S.COMMITTED, ACTOR)
+    line = probe_line(world.oo, effect_id)
+    assert (line.from_state, line.to_state, line.actor, line.action) == (
+        S.UNKNOWN, S.RECEIPT_RECORDED, ACTOR, "probe_happened",
+    )  # fmt: skip
     assert line.reason == "found at the provider by key"
     assert line.evidence["probe"] == "happened"
     assert line.evidence["observations"][0]["receipt"] == receipt
@@ -429,7 +457,9 @@ def test_happened_with_a_bound_receipt_commits_and_duplicates_replay_it(world, m
     assert world.again("stripe.charge") == receipt
     assert world.calls == [("stripe.charge", 1)]
     assert rec.run_once().resolved == 0  # nothing left to do; no second commit
-    assert len(resolution_lines(world.oo, effect_id)) == 1
+    assert [j.action for j in resolution_lines(world.oo, effect_id)] == [
+        "probe_happened", "check_receipt",
+    ]  # fmt: skip
 
 
 def test_a_plain_function_prober_works_like_a_probe_object(world, make_rec):
@@ -603,14 +633,13 @@ def hang() -> Iterator[threading.Event]:
 
 
 @pytest.mark.parametrize(
-    "case", ["inconclusive", "raises", "hangs", "returns-str", "returns-dict", "str-outcome"]
+    "case", ["inconclusive", "raises", "returns-str", "returns-dict", "str-outcome"]
 )
 def test_a_probe_that_says_nothing_goes_to_a_person_with_the_reason(world, make_rec, hang, case):
     effect_id = world.unknown("stripe.charge")
     prober, fragment = {
         "inconclusive": (Fixed(INCONCLUSIVE, detail="index lags writes"), "index lags writes"),
         "raises": (Fixed(raises=RuntimeError("stripe down")), "RuntimeError: stripe down"),
-        "hangs": (Fixed(hang=hang), "probe timed out after 0.2s"),
         "returns-str": (Fixed(returns="happened"), "prober returned str, not a ProbeResult"),
         "returns-dict": (Fixed(returns={"outcome": "happened"}), "prober returned dict"),
         "str-outcome": (
@@ -795,14 +824,18 @@ def test_observations_accumulate_across_attempts(world, make_rec):
     assert observations[0]["detail"] == "index lags writes"
     assert effect.result == {"stripe_id": "pi_o1", "amount": 500}
     assert world.calls == [("stripe.charge", 1), ("stripe.charge", 2)]
-    assert len(resolution_lines(oo, effect_id)) == 2  # one per attempt
+    # one escalation (attempt 1), one commit (attempt 2: the receipt and its check)
+    assert [j.action for j in resolution_lines(oo, effect_id)] == [
+        "escalate", "probe_happened", "check_receipt",
+    ]  # fmt: skip
 
 
 # -- racing reconcilers -------------------------------------------------------------------
 
 
 def _second_store(store: Store, request: pytest.FixtureRequest) -> Store:
-    if isinstance(store, SQLiteStore):
+    if store.dialect == "sqlite":
+        assert isinstance(store, SQLiteStore)
         return SQLiteStore(store.path)
     if getattr(store, "dialect", "") == "postgres":
         from openonce_core.stores.postgres import PostgresStore
@@ -817,7 +850,7 @@ def test_two_reconcilers_racing_resolve_every_effect_exactly_once(store, world, 
     other = _second_store(store, request)
     try:
         owners = ["a", "b"]
-        targets = [world.oo, OpenOnce(other, retry_delay=0)]
+        targets = [world.oo, OpenOnce(other, retry_delay=0, clock=world.oo.clock)]
         gate = threading.Barrier(2)
         probers = [Lookup(world.provider, gate), Lookup(world.provider, gate)]
         recs = [make_rec(t, owner=o) for t, o in zip(targets, owners, strict=True)]
@@ -863,8 +896,9 @@ def test_two_reconcilers_racing_resolve_every_effect_exactly_once(store, world, 
             effect = world.oo.get(effect_id)
             assert effect.state == S.COMMITTED
             assert effect.result["stripe_id"] == effect.args["order"].replace("o", "pi_o", 1)
-            [line] = resolution_lines(world.oo, effect_id)
-            assert line.to_state == S.COMMITTED and line.actor == committed_by[effect_id]
+            [line, verdict] = resolution_lines(world.oo, effect_id)
+            assert line.to_state == S.RECEIPT_RECORDED and line.actor == committed_by[effect_id]
+            assert verdict.to_state == S.COMMITTED
         assert world.calls == [("stripe.charge", 1)] * count
         for rec in recs:
             assert rec.run_once().resolved == 0
@@ -925,7 +959,7 @@ def test_reconcile_ids_ignores_resolved_unknown_and_young_ids(world, make_rec):
     # A task delivered twice: the second delivery is a no-op.
     assert rec.reconcile_ids([due_id]).committed == [due_id]
     assert rec.reconcile_ids([due_id]).resolved == 0
-    assert len(resolution_lines(oo, due_id)) == 1
+    assert [j.action for j in resolution_lines(oo, due_id)] == ["probe_happened", "check_receipt"]
 
 
 # -- a person's decision with provider contracts ------------------------------------------

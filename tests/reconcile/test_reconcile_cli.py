@@ -190,8 +190,9 @@ def test_reconcile_commits_an_unknown_effect_and_prints_the_report(ledger, env):
     assert effect.state == S.COMMITTED
     assert effect.result == {"stripe_id": "pi_o1"}
     assert effect.verification_status == "confirmed"
-    journal_line = ledger.oo.journal(effect_id)[-1]
+    journal_line, verdict = ledger.oo.journal(effect_id)[-2:]
     assert (journal_line.actor, journal_line.reason) == ("reconciler:cli", "found in provider.json")
+    assert (verdict.action, verdict.to_state) == ("check_receipt", S.COMMITTED)
 
     assert ledger.tools["stripe.charge"]("o1") == {"stripe_id": "pi_o1"}
     assert ledger.calls == [("stripe.charge", 1)]

@@ -115,10 +115,11 @@ def race(target: str, keys: int, out_dir: str, index: int, seed: int, go: str) -
     )
 
 
-def hang(target: str, n: int, marker: str, lease_seconds: float) -> None:
+def hang(target: str, n: int, marker: str, lease_seconds: float, owner: str | None = None) -> None:
     """Claim effect ``hang``/``hang-<n>``, note the claim in ``marker`` and never return:
-    the test kills this process with SIGKILL between the claim and the receipt."""
-    oo = OpenOnce(target)
+    the test kills this process with SIGKILL between the claim and the receipt. ``owner``
+    names the lease owner as if the process ran on another host."""
+    oo = OpenOnce(target, owner=owner)
 
     @oo.effect(tool="hang", idempotency_key=lambda n: f"hang-{n}", lease_seconds=lease_seconds)
     def hang_effect(n: int) -> str:

@@ -1,0 +1,150 @@
+"""The ledger's time source: one clock for every lease, grace window, backoff and expiry.
+
+Leases are judged by comparing a time written by one host with the time another host
+reads. If each used its own ``time.time()``, a reconciler whose clock runs five minutes
+fast would see every healthy call's lease as expired (invariant 8). So the time that goes
+into the ledger comes from one place per ledger: the database's own clock on Postgres
+(:class:`DatabaseClock`), this host's clock for the embedded SQLite and in-memory stores
+(:class:`SystemClock`), or a clock a test moves by hand (:class:`FakeClock`, also in
+``openonce_core.testing``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds since the epoch, on the ledger's time base."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Let ``seconds`` of this clock's time pass."""
+        ...
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        """Wait until ``event`` is set (True) or ``timeout`` of this clock's time passed."""
+        ...
+
+
+class SystemClock:
+    """This host's wall clock: right for a ledger that only this host writes (SQLite)."""
+
+    def now(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        return event.wait(max(0.0, timeout))
+
+    def __repr__(self) -> str:
+        return "SystemClock()"
+
+
+SYSTEM_CLOCK = SystemClock()
+
+
+class DatabaseClock(SystemClock):
+    """The database server's clock, read now and then and followed in between with this
+    host's monotonic clock (so it costs no round trip per call, and a host whose wall clock
+    is wrong or jumps still reads the database's time).
+
+    ``read`` returns the database's current epoch time (``clock_timestamp()``). It is
+    called again every ``resync_seconds`` to absorb drift; if it fails, the last anchor
+    keeps being followed."""
+
+    def __init__(self, read: Callable[[], float], *, resync_seconds: float = 60.0) -> None:
+        self._read = read
+        self.resync_seconds = resync_seconds
+        self._lock = threading.Lock()
+        self._anchor: tuple[float, float] | None = None  # (database time, monotonic)
+        self._next_sync = 0.0  # monotonic
+
+    def now(self) -> float:
+        anchor = self._anchor
+        if anchor is None or time.monotonic() >= self._next_sync:
+            anchor = self._sync()
+        return anchor[0] + (time.monotonic() - anchor[1])
+
+    @property
+    def offset(self) -> float:
+        """How far this host's wall clock is behind the database's (seconds)."""
+        return self.now() - time.time()
+
+    def _sync(self) -> tuple[float, float]:
+        with self._lock:
+            anchor = self._anchor
+            if anchor is not None and time.monotonic() < self._next_sync:
+                return anchor  # another thread just synced
+            before = time.monotonic()
+            try:
+                db_time = self._read()
+            except Exception:
+                # Keep following the last reading (or, before the first one, this host's
+                # clock) and try the database again shortly.
+                if anchor is None:
+                    anchor = self._anchor = (time.time(), time.monotonic())
+                self._next_sync = time.monotonic() + min(5.0, self.resync_seconds)
+                return anchor
+            after = time.monotonic()
+            # The reading was taken somewhere in [before, after]: assume the middle.
+            anchor = self._anchor = (db_time, (before + after) / 2)
+            self._next_sync = after + self.resync_seconds
+            return anchor
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return "DatabaseClock()"
+
+
+class FakeClock:
+    """A clock a test moves by hand: ``clock.advance(301)`` and every lease, grace window,
+    approval expiry and backoff sees five minutes pass, at once, on a loaded machine too.
+
+    ``sleep`` advances the clock by the time slept (the sleeper's wait passes at once and
+    everybody sees the new time). ``wait`` returns when the event is set, or when somebody
+    advanced the clock past its timeout."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self._lock = threading.Lock()
+        self._now = float(start)
+
+    def now(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> float:
+        if seconds < 0:
+            raise ValueError("a clock does not run backwards; use set() to jump")
+        with self._lock:
+            self._now += seconds
+            return self._now
+
+    def set(self, at: float) -> None:
+        with self._lock:
+            self._now = float(at)
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self.advance(seconds)
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        deadline = self._now + max(0.0, timeout)
+        # The event is set by another thread (a commit, a stop request); the deadline moves
+        # only when the test advances the clock. Check both often, in real time.
+        while not event.is_set():
+            if self._now >= deadline:
+                return False
+            event.wait(0.002)
+        return True
+
+    def __repr__(self) -> str:
+        return f"FakeClock({self._now!r})"

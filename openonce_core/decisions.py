@@ -1,0 +1,380 @@
+"""The decisions people make on effects — approve, deny, cancel, release, resolve — and the
+lease expiry that turns a lapsed claim into UNKNOWN.
+
+Each decision names who made it and why, is checked against the state table by the
+Ledger, and can be pinned to the version of the effect the person looked at
+(``expected_fence``): a decision made on a stale page, or a bulk action on a set that
+changed since it was counted, is refused instead of applied to something else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .canonical import check_json, secret_digest
+from .clock import Clock
+from .errors import (
+    ApproverAlreadyCounted,
+    EffectChangedError,
+    EffectNotFoundError,
+    IllegalTransitionError,
+    InvalidArgumentsError,
+    InvalidReceiptError,
+    ProviderContractError,
+)
+from .leases import HOST, dead_owner
+from .ledger import Ledger, Then
+from .providers import Capability, CapabilityMatrix
+from .records import Approval, Effect, JournalEntry
+from .states import NEEDS_HUMAN, EffectState, move_for
+from .stores.base import Store
+
+S = EffectState
+
+
+class Decisions:
+    """The decision part of :class:`~openonce_core.OpenOnce`."""
+
+    store: Store
+    ledger: Ledger
+    clock: Clock
+    matrix: CapabilityMatrix
+    provider_capabilities: dict[str, str]
+    secret_pepper: bytes | None
+
+    # Provided by the contracts part.
+    if TYPE_CHECKING:
+
+        def capabilities_for(self, tool: str) -> list[Capability]: ...
+        def _receipt_contract_problems(
+            self,
+            tool: str,
+            receipt: Any,
+            args: Mapping[str, Any],
+            *,
+            required: bool | None = None,
+            require_capability: bool | None = None,
+        ) -> list[str]: ...
+
+    # -- reading --------------------------------------------------------------------------
+
+    def get(self, effect_id: str) -> Effect:
+        effect = self.store.get(effect_id)
+        if effect is None:
+            raise EffectNotFoundError(effect_id)
+        return effect
+
+    def journal(self, effect_id: str) -> list[JournalEntry]:
+        self.get(effect_id)
+        return self.store.journal(effect_id)
+
+    def approvals(self, effect_id: str) -> list[Approval]:
+        self.get(effect_id)
+        return self.store.approvals(effect_id)
+
+    def review(self, limit: int = 100) -> list[Effect]:
+        """Effects a person has to look at, oldest first."""
+        self.expire_leases()
+        return self.store.list_effects(NEEDS_HUMAN, limit)
+
+    # -- approvals ------------------------------------------------------------------------
+
+    def approve(
+        self, effect_id: str, *, by: str, reason: str = "", expected_fence: int | None = None
+    ) -> Effect:
+        """Count ``by``'s approval; the effect becomes APPROVED once enough distinct people
+        approved. The approval is bound to the arguments' fingerprint."""
+        _require_text("by", by)
+        _optional_text("reason", reason)
+        while True:
+            effect = self._load(effect_id, "approve", expected_fence)
+            approvers = self._valid_approvers(effect)
+            if by in approvers:
+                raise ApproverAlreadyCounted(effect_id, by)
+            at = self.clock.now()
+            count = len(approvers) + 1
+            state = S.APPROVED if count >= effect.approvals_required else S.REQUIRES_APPROVAL
+            approval = Approval(
+                effect_id,
+                "approve",
+                by,
+                reason,
+                effect.args_fingerprint,
+                at,
+                at + effect.approval_ttl if effect.approval_ttl else None,
+            )
+            evidence = {"approvals": count, "required": effect.approvals_required}
+            if self.ledger.move(
+                effect, "approve", state, actor=f"operator:{by}", reason=reason,
+                evidence=evidence, approval=approval, at=at,
+            ):  # fmt: skip
+                return self.get(effect_id)
+
+    def deny(
+        self, effect_id: str, *, by: str, reason: str, expected_fence: int | None = None
+    ) -> Effect:
+        _require_text("by", by)
+        _require_text("reason", reason)
+        while True:
+            effect = self._load(effect_id, "deny", expected_fence)
+            approval = Approval(
+                effect_id, "deny", by, reason, effect.args_fingerprint, self.clock.now()
+            )
+            if self.ledger.move(
+                effect, "deny", S.DENIED, actor=f"operator:{by}", reason=reason, approval=approval
+            ):
+                return self.get(effect_id)
+
+    def _valid_approvers(self, effect: Effect) -> set[str]:
+        at = self.clock.now()
+        return {
+            a.by
+            for a in self.store.approvals(effect.id)
+            if a.valid_for(effect.args_fingerprint, at)
+        }
+
+    # -- giving up ------------------------------------------------------------------------
+
+    def cancel(
+        self, effect_id: str, *, by: str, reason: str, expected_fence: int | None = None
+    ) -> Effect:
+        """Give up an effect that has not started; its calls then raise EffectCancelled."""
+        _require_text("by", by)
+        _require_text("reason", reason)
+        while True:
+            effect = self._load(effect_id, "cancel", expected_fence)
+            if self.ledger.move(
+                effect, "cancel", S.CANCELLED, actor=f"operator:{by}", reason=reason
+            ):
+                return self.get(effect_id)
+
+    def release_unstarted(self, effect_id: str, *, by: str, reason: str = "") -> Effect:
+        """Drop a claim that never started (attempt 0) so its key can be claimed anew."""
+        _require_text("by", by)
+        _optional_text("reason", reason)
+        while True:
+            effect = self._load(effect_id, "release")
+            if effect.attempt != 0:
+                raise IllegalTransitionError(
+                    effect_id,
+                    effect.state,
+                    "release",
+                    f"attempt {effect.attempt} already ran; resolve it instead",
+                )
+            if self.ledger.move(
+                effect, "release", S.RELEASED, actor=f"operator:{by}", reason=reason
+            ):
+                return self.get(effect_id)
+
+    # -- resolving what is unknown --------------------------------------------------------
+
+    def resolve_happened(
+        self,
+        effect_id: str,
+        *,
+        receipt: Mapping[str, Any],
+        by: str,
+        reason: str = "",
+        require_receipt_contract: bool | None = None,
+        require_provider_capability: bool | None = None,
+        expected_fence: int | None = None,
+    ) -> Effect:
+        """A person found the effect happened: commit ``receipt``; duplicates replay it.
+
+        With ``enforce_provider_receipts`` (or ``require_receipt_contract=True``) the
+        receipt must meet the tool's provider receipt contract first."""
+        _require_text("by", by)
+        _optional_text("reason", reason)
+        receipt = _check_receipt(receipt)
+        while True:
+            effect = self._load(effect_id, "resolve_happened", expected_fence)
+            if self._holds_secret(effect, receipt):
+                raise InvalidReceiptError(
+                    "the receipt holds the value of one of this effect's secret fields in"
+                    " clear; remove it (the ledger keeps secret fields only as digests)"
+                )
+            problems = self._receipt_contract_problems(
+                effect.tool, receipt, effect.args, required=require_receipt_contract,
+                require_capability=require_provider_capability,
+            )  # fmt: skip
+            if problems:
+                raise InvalidReceiptError(
+                    "receipt breaks the provider contract: " + "; ".join(problems)
+                )
+            evidence = {"resolution": "happened", "receipt": receipt, "by": by}
+            changes = {
+                "result": receipt,
+                "verification_status": "confirmed_by_person",
+                "verification_evidence": _with_observations(effect, evidence, reason),
+            }
+            if self.ledger.move(
+                effect, "resolve_happened", S.RECEIPT_RECORDED, actor=f"operator:{by}",
+                reason=reason, evidence=evidence, changes=changes,
+                then=Then("check_receipt", S.COMMITTED, "receipt accepted"),
+            ):  # fmt: skip
+                return self.get(effect_id)
+
+    def resolve_not_happened(
+        self,
+        effect_id: str,
+        *,
+        by: str,
+        reason: str,
+        require_auto_rearm: bool = False,
+        require_provider_capability: bool = False,
+        override_auto_rearm: bool = False,
+        expected_fence: int | None = None,
+    ) -> Effect:
+        """A person found the effect did not happen: re-arm it so the next identical call
+        runs. ``reason`` is required: there is no receipt, so it is the evidence.
+
+        ``require_auto_rearm=True`` obeys the provider matrix: refused unless every
+        matching capability says a miss is safe to re-arm (unknown tools fail closed)."""
+        _require_text("by", by)
+        _require_text("reason", reason)
+        while True:
+            effect = self._load(effect_id, "resolve_not_happened", expected_fence)
+            capabilities = self.capabilities_for(effect.tool)
+            if require_provider_capability and not capabilities:
+                raise ProviderContractError(
+                    f"no provider capability is known for {effect.tool}; not re-armed"
+                )
+            pin = self.provider_capabilities.get(effect.tool)
+            evidence: dict[str, Any] = {"resolution": "not_happened", "by": by}
+            if require_auto_rearm and not self.matrix.can_auto_rearm(effect.tool, pin):
+                names = ", ".join(c.name for c in capabilities) or "no known capability"
+                if not override_auto_rearm:
+                    raise ProviderContractError(
+                        f"{effect.tool} is not safe to re-arm on a miss ({names}); resolve it"
+                        " with a receipt, or re-arm with an explicit override and say why"
+                    )
+                # A person with the right to do so overrode the provider matrix: keep
+                # that fact in the journal beside the reason.
+                evidence["override"] = f"re-armed although a miss is not evidence for {names}"
+            changes = {
+                "verification_status": "absent_by_person",
+                "verification_evidence": _with_observations(effect, evidence, reason),
+            }
+            if self.ledger.move(
+                effect, "resolve_not_happened", S.PLANNED, actor=f"operator:{by}",
+                reason=reason, evidence=evidence, changes=changes,
+            ):  # fmt: skip
+                return self.get(effect_id)
+
+    # -- leases ---------------------------------------------------------------------------
+
+    def expire_leases(self, limit: int = 100) -> list[str]:
+        """STARTED effects whose lease ran out, or whose owner process on this host is gone,
+        become UNKNOWN: neither is evidence of anything, least of all that the call may run
+        again."""
+        expired = [
+            e.id for e in self.store.expired_leases(self.clock.now(), limit) if self.expire_lease(e)
+        ]
+        for effect in self.store.started_by(HOST + ":", limit):
+            dead = dead_owner(effect.lease_owner)
+            if dead is not None and self.expire_lease(effect, dead=dead):
+                expired.append(effect.id)
+        return expired
+
+    def expire_lease(self, effect: Effect, *, dead: str | None = None) -> bool:
+        """Move a STARTED effect (as read) to UNKNOWN because its lease ran out or its owner
+        is gone (``dead`` says why). False if it changed meanwhile."""
+        if dead:
+            reason = f"owner of attempt {effect.attempt} is gone: {dead}"
+        else:
+            reason = f"lease of attempt {effect.attempt} held by {effect.lease_owner} expired"
+        evidence: dict[str, Any] = {
+            "attempt": effect.attempt,
+            "lease_expired_at": effect.lease_expires_at,
+            "owner": effect.lease_owner,
+        }
+        if dead:
+            evidence["owner_gone"] = dead
+        return self.ledger.move(
+            effect, "expire", S.UNKNOWN, actor="openonce", reason=reason, evidence=evidence,
+            changes={
+                "execution_status": "unknown",
+                "execution_evidence": {**evidence, "lease_expired": True},
+            },
+        )  # fmt: skip
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _load(self, effect_id: str, action: str, expected_fence: int | None = None) -> Effect:
+        """The effect, if ``action`` is legal now (the state table says where from)."""
+        allowed = move_for(action).sources
+        effect = self.get(effect_id)
+        if expected_fence is not None and effect.fence != expected_fence:
+            raise EffectChangedError(effect_id, effect.state)
+        # A lapsed lease makes the effect UNKNOWN, but only on the way to a decision that
+        # UNKNOWN allows: a refused call changes nothing.
+        if (
+            S.UNKNOWN in allowed
+            and effect.state == S.STARTED
+            and effect.lease_expires_at is not None
+            and effect.lease_expires_at <= self.clock.now()
+        ):
+            self.expire_lease(effect)
+            effect = self.get(effect_id)
+        if effect.state not in allowed:
+            names = ", ".join(str(s) for s in S if s in allowed)
+            verb = _VERBS.get(action, action)
+            raise IllegalTransitionError(effect_id, effect.state, verb, "allowed from " + names)
+        return effect
+
+    def _holds_secret(self, effect: Effect, receipt: Any) -> bool:
+        """Whether a value in ``receipt`` is the clear value of a secret field: its digest
+        equals one the ledger holds for this effect."""
+        digests = {v for v in effect.args.values() if isinstance(v, str) and _looks_like_digest(v)}
+        return bool(digests) and any(
+            secret_digest(leaf, self.secret_pepper) in digests for leaf in _leaves(receipt)
+        )
+
+
+_VERBS = {
+    "resolve_happened": "resolve as happened",
+    "resolve_not_happened": "resolve as not happened",
+}
+
+
+def _looks_like_digest(value: str) -> bool:
+    return value.startswith(("hmac-sha256:", "sha256:")) and len(value.partition(":")[2]) == 64
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, list):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value] if isinstance(value, str | int) and not isinstance(value, bool) else []
+
+
+def _with_observations(effect: Effect, decision: dict[str, Any], reason: str) -> dict[str, Any]:
+    """A person's decision joins the evidence; earlier probe observations stay with it
+    (evidence aggregates across attempts)."""
+    observations = (effect.verification_evidence or {}).get("observations", [])
+    return {"observations": observations, **decision, "reason": reason}
+
+
+def _check_receipt(receipt: Any) -> dict[str, Any]:
+    if type(receipt) is not dict or not receipt:
+        raise InvalidReceiptError("a receipt must be a non-empty JSON object")
+    try:
+        check_json(receipt, "$receipt")
+    except InvalidArgumentsError as exc:
+        raise InvalidReceiptError(str(exc)) from None
+    return receipt
+
+
+def _require_text(name: str, value: Any) -> None:
+    if type(value) is not str or not value.strip():
+        raise ValueError(f"{name} is required: say who decided and why")
+    if name == "by" and value != value.strip():
+        # "alice" and "alice " must not count as two approvers.
+        raise ValueError("by must not start or end with spaces")
+
+
+def _optional_text(name: str, value: Any) -> None:
+    if type(value) is not str:
+        raise ValueError(f"{name} must be text, not {type(value).__name__}")

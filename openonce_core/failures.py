@@ -1,0 +1,129 @@
+"""How an exception is written into the ledger, and how a recorded failure is raised again.
+
+A provider error that echoes a card number must not put it in the ledger: every secret
+value of the call is scrubbed from the message, from the exception's arguments and from
+the chain of causes *before* anything is cut to length or stored.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from .canonical import check_json
+from .errors import EffectFailed, InvalidArgumentsError
+from .records import Effect
+
+MAX_MESSAGE = 2000
+SECRET = "[secret]"
+
+
+def describe(
+    exc: BaseException, kind: str, secrets: tuple[str, ...], why: str = ""
+) -> dict[str, Any]:
+    """The JSON record of a handler's exception: its class, message, arguments (when they
+    are JSON, so the same exception can be raised on replay), class and causes."""
+    cls = type(exc)
+    args: Any = scrub(list(exc.args), secrets)
+    try:
+        check_json(args)
+    except InvalidArgumentsError:
+        args = None
+    doc: dict[str, Any] = {
+        "type": f"{cls.__module__}.{cls.__qualname__}",
+        "message": _cut(scrub(_text(exc), secrets)),
+        "args": args,
+        "class": kind,
+    }
+    if why:
+        doc["why"] = _cut(scrub(why, secrets))
+    causes = [
+        {
+            "type": f"{type(c).__module__}.{type(c).__qualname__}",
+            "message": _cut(scrub(_text(c), secrets), 500),
+        }
+        for c in chain(exc)[1:]
+    ]
+    if causes:
+        doc["causes"] = causes
+    return doc
+
+
+def chain(exc: BaseException, limit: int = 16) -> list[BaseException]:
+    """``exc`` and what it was raised from or during, outermost first, without cycles."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(seen) < limit and all(current is not s for s in seen):
+        seen.append(current)
+        cause = current.__cause__
+        if cause is None and not current.__suppress_context__:
+            cause = current.__context__
+        current = cause
+    return seen
+
+
+def scrub(value: Any, secrets: tuple[str, ...]) -> Any:
+    """``value`` with every secret replaced by ``[secret]``, in strings at any depth."""
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        for secret in secrets:
+            if secret in value:
+                value = value.replace(secret, SECRET)
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and str(value) in secrets:
+        return SECRET
+    if isinstance(value, list | tuple):
+        return [scrub(v, secrets) for v in value]
+    if isinstance(value, dict):
+        return {scrub(k, secrets): scrub(v, secrets) for k, v in value.items()}
+    return value
+
+
+def contains_secret(value: Any, secrets: tuple[str, ...]) -> bool:
+    return bool(secrets) and scrub(value, secrets) != value
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__} whose str() raised>"
+
+
+def _cut(text: str, limit: int = MAX_MESSAGE) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def storable(value: Any) -> tuple[Any, bool]:
+    try:
+        check_json(value)
+    except InvalidArgumentsError:
+        return None, False
+    return value, True
+
+
+def rebuild(effect_id: str, error: dict[str, Any] | None) -> BaseException:
+    """The recorded failure, as the same exception class when it is loaded here."""
+    error = error or {}
+    type_name = str(error.get("type", "Exception"))
+    module_name, _, qualname = type_name.rpartition(".")
+    exc: BaseException | None = None
+    obj: Any = sys.modules.get(module_name)  # never import modules named by ledger data
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if isinstance(obj, type) and issubclass(obj, Exception) and error.get("args") is not None:
+        try:
+            exc = obj(*error["args"])
+        except Exception:
+            exc = None
+    if exc is None:
+        exc = EffectFailed(effect_id, type_name, str(error.get("message", "")))
+    exc.openonce_replayed = True  # type: ignore[attr-defined]
+    exc.openonce_effect_id = effect_id  # type: ignore[attr-defined]
+    return exc
+
+
+def last_error(effect: Effect) -> str:
+    error = (effect.execution_evidence or {}).get("error") or {}
+    return str(error.get("message", ""))

@@ -1,0 +1,243 @@
+"""From a decorated tool and one call's arguments to the effect's identity: its idempotency
+key, the fingerprint of its arguments, and its provider key.
+
+Key derivation is strict (invariant 6): RFC 8785 canonical JSON hashed with SHA-256,
+floats refused as key material, arguments that are not strict JSON refused with the field
+named, before anything is written. A derived key needs a run scope; an explicit key (a
+function of the arguments, or a literal) is global, and reusing it with other arguments is
+refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .canonical import canonical, check_json, fingerprint, secret_digest
+from .errors import InvalidArgumentsError, ScopeRequiredError
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """One decorated tool: how its calls become keys and how it runs."""
+
+    fn: Callable[..., Any]
+    tool: str
+    signature: inspect.Signature
+    idempotency_fields: tuple[str, ...] | None
+    idempotency_key: Callable[..., Any] | None  # a literal key is held as a constant function
+    secret_fields: frozenset[str]
+    business_errors: tuple[type[BaseException], ...]
+    max_attempts: int
+    lease_seconds: float
+    wait_seconds: float
+    is_async: bool
+    # Parameter names when every parameter is plain (positional-or-keyword): such calls
+    # are bound without inspect.Signature.bind, which costs more than the rest of a replay.
+    plain_names: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call, checked and keyed, before anything is written."""
+
+    spec: Spec
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    stored_args: dict[str, Any]
+    key: str
+    fingerprint: str  # of every argument as stored: what an approval or a re-arm covers
+    scope: str | None
+    secrets: tuple[str, ...] = ()  # clear secret values, scrubbed from anything recorded
+
+    @property
+    def tool(self) -> str:
+        return self.spec.tool
+
+
+def make_spec(
+    fn: Callable[..., Any],
+    *,
+    tool: str | None,
+    idempotency_fields: Sequence[str] | None,
+    idempotency_key: Any,
+    secret_fields: Sequence[str],
+    business_errors: Sequence[type[BaseException]],
+    max_attempts: int,
+    lease_seconds: float,
+    wait_seconds: float,
+) -> Spec:
+    """Check a declaration up front: a bad option fails when the decorator is applied,
+    naming the option, not on every call."""
+    if idempotency_fields is not None and idempotency_key is not None:
+        raise ValueError("give idempotency_fields or idempotency_key, not both")
+    key_fn = _key_function(idempotency_key)
+    if isinstance(idempotency_fields, str) or isinstance(secret_fields, str):
+        raise ValueError("idempotency_fields and secret_fields take a list of names")
+    signature = inspect.signature(fn)
+    for name in (*(idempotency_fields or ()), *secret_fields):
+        if name not in signature.parameters:
+            raise ValueError(f"{name!r} is not a parameter of {_qualname(fn)}")
+    if max_attempts < 1:
+        raise ValueError("max_attempts must be at least 1")
+    if not lease_seconds > 0:
+        raise ValueError("lease_seconds must be a positive number of seconds")
+    if not wait_seconds >= 0:
+        raise ValueError("wait_seconds must be zero or more seconds")
+    for cls in business_errors:
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise ValueError(f"business_errors takes exception classes, not {cls!r}")
+    return Spec(
+        fn=fn,
+        tool=tool or _tool_name(fn),
+        signature=signature,
+        idempotency_fields=tuple(idempotency_fields) if idempotency_fields else None,
+        idempotency_key=key_fn,
+        secret_fields=frozenset(secret_fields),
+        business_errors=tuple(business_errors),
+        max_attempts=max_attempts,
+        lease_seconds=float(lease_seconds),
+        wait_seconds=float(wait_seconds),
+        is_async=_is_async(fn),
+        plain_names=_plain_names(signature),
+    )
+
+
+def _key_function(idempotency_key: Any) -> Callable[..., Any] | None:
+    if idempotency_key is None:
+        return None
+    if type(idempotency_key) is str:
+        if not idempotency_key:
+            raise ValueError("idempotency_key must not be empty")
+        literal = idempotency_key
+        return lambda **_: literal
+    if callable(idempotency_key):
+        return idempotency_key  # type: ignore[no-any-return]
+    raise ValueError(
+        "idempotency_key must be a function of the call's arguments or a literal string,"
+        f" not {type(idempotency_key).__name__}"
+    )
+
+
+def prepare(
+    spec: Spec,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    scope: str | None,
+    pepper: bytes | None,
+) -> Call:
+    arguments = bind(spec, args, kwargs)
+    derived_from_all = spec.idempotency_key is None and spec.idempotency_fields is None
+    if not derived_from_all:
+        check_json(arguments)  # else the key-material check below covers every argument
+    stored = arguments
+    secrets: tuple[str, ...] = ()
+    if spec.secret_fields:
+        stored = {
+            name: secret_digest(value, pepper) if name in spec.secret_fields else value
+            for name, value in arguments.items()
+        }
+        secrets = secret_texts(arguments[name] for name in spec.secret_fields)
+    if spec.idempotency_key is not None:
+        key = spec.idempotency_key(**arguments)
+        if type(key) is not str or not key:
+            raise InvalidArgumentsError("idempotency_key", "must return a non-empty string")
+        leaked = [s for s in secrets if s in key]
+        if leaked:
+            # The key is stored (and shown) in clear: it must not carry a secret field.
+            raise InvalidArgumentsError(
+                "idempotency_key",
+                "contains the value of a secret field in clear; derive it from other"
+                " fields, or use idempotency_fields (secret fields enter it as digests)",
+            )
+        # Explicit keys are global; the whole argument set must match on reuse.
+        return Call(spec, args, kwargs, stored, key, fingerprint(stored), scope, secrets)
+    if scope is None:
+        raise ScopeRequiredError(
+            f"{spec.tool}: a key derived from arguments needs a run scope;"
+            " wrap the calls in `with oo.scope():` (or pass idempotency_key=)"
+        )
+    # Checked on the clear values, so a float stays refused even in a secret field.
+    if derived_from_all:
+        check_json(arguments, key_material=True)
+        digest = _sha256(canonical(stored))
+        full = "sha256:" + digest
+    else:
+        fields = spec.idempotency_fields or ()
+        check_json({f: arguments[f] for f in fields}, key_material=True)
+        digest = _sha256(canonical({f: stored[f] for f in fields}))
+        full = fingerprint(stored)
+    key = _sha256(f"{scope}\0{digest}")
+    return Call(spec, args, kwargs, stored, key, full, scope, secrets)
+
+
+def secret_texts(values: Any) -> tuple[str, ...]:
+    """The clear forms of secret values that must never reach the ledger."""
+    found: list[str] = []
+    for value in values:
+        if value in ("", None) or isinstance(value, bool):
+            continue
+        if isinstance(value, str | int):
+            found.append(str(value))
+        elif isinstance(value, list | dict):
+            found.extend(secret_texts(value.values() if isinstance(value, dict) else value))
+    return tuple(sorted(set(found), key=len, reverse=True))  # longest first when scrubbing
+
+
+def provider_key(tool: str, key: str) -> str:
+    """Stable for the effect's whole life, across attempts and processes: pass it as the
+    provider's idempotency key (Stripe's Idempotency-Key, an email's Message-ID)."""
+    return "oo_" + hashlib.sha256(f"{tool}\0{key}".encode()).hexdigest()[:40]
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _plain_names(signature: inspect.Signature) -> tuple[str, ...] | None:
+    params = signature.parameters.values()
+    if all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return tuple(signature.parameters)
+    return None
+
+
+def bind(spec: Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments by name, defaults applied; ``*args`` become a list."""
+    names = spec.plain_names
+    if names is not None and len(args) + len(kwargs) == len(names) and len(args) <= len(names):
+        arguments = dict(zip(names, args, strict=False))
+        if all(k in names and k not in arguments for k in kwargs):
+            arguments.update(kwargs)
+            return arguments
+    try:
+        bound = spec.signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise InvalidArgumentsError("$", str(exc)) from None
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    for name, param in spec.signature.parameters.items():
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            arguments[name] = list(arguments[name])
+    return arguments
+
+
+def _qualname(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__qualname__", None) or repr(fn))
+
+
+def _tool_name(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__name__", None)
+    if not isinstance(name, str) or name == "<lambda>":
+        raise ValueError(f"cannot name the tool of {fn!r}; pass tool='...'")
+    return name
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """Coroutine functions, and callable objects whose ``__call__`` is one."""
+    target = getattr(fn, "func", fn)  # functools.partial
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
+        getattr(target, "__call__", None)  # noqa: B004 - a method, not callability
+    )
