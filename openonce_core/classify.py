@@ -61,12 +61,14 @@ The rule, in the order it is applied:
      connection", which is RETRYABLE. google-api-core's ``RetryError`` is UNKNOWN outright:
      several attempts ran and only the last one is visible.
 
-   Two things make a RETRYABLE or FAILED found down the chain untrustworthy, and it is
+   Three things make a RETRYABLE or FAILED found down the chain untrustworthy, and it is
    recorded as UNKNOWN instead: reaching it through the implicit ``__context__`` of an
    exception no rule places (a later call, made while handling the first error, may have
-   left), and an SDK's own retries (openai/anthropic ``x-stainless-retry-count``, botocore
-   ``RetryAttempts``): an earlier attempt may have run. Turn the SDK's retries off inside
-   an effect, or let the provider's idempotency key cover them.
+   left); an SDK's own retries (openai/anthropic ``x-stainless-retry-count``, botocore
+   ``RetryAttempts``): an earlier attempt may have run, so turn the SDK's retries off inside
+   an effect, or let the provider's idempotency key cover them; and an exception group
+   (``asyncio.TaskGroup``, anyio, trio): when one call fails the group cancels the others
+   and does not list them, though they may have been sent.
 3. **Nothing placed: UNKNOWN**, because the request may have left. A handler says
    "business error" by raising ``BusinessError`` (or a subclass), or the application
    declares its own classes: ``Classifier(business=(MyDeclined, "billing.Refused"))``.
@@ -637,8 +639,10 @@ class Classifier:
         return None
 
     def _group(self, group: BaseExceptionGroup[BaseException], walk: _Walk) -> _Verdict:
-        """Concurrent calls failed together: UNKNOWN if any may have happened, else FAILED
-        if any was refused, else RETRYABLE (none of them happened)."""
+        """Calls run together (asyncio.TaskGroup, anyio, trio) failed together. When one
+        fails the group cancels the others and lists only the failures, so a cancelled call
+        that was already sent is invisible: a group is UNKNOWN whatever its members say. The
+        reason names the member that tells most (one that may have happened, if any)."""
         verdicts = [
             # Each member is its own chain; the links above the group still end a cycle.
             self._decide(member, _Walk(seen=set(walk.seen), doubt=walk.doubt), outermost=False)
@@ -647,7 +651,13 @@ class Classifier:
         for kind in (UNKNOWN, FAILED, RETRYABLE):
             for number, verdict in enumerate(verdicts, 1):
                 if verdict.kind is kind:
-                    return _Verdict(kind, f"member {number} of {len(verdicts)}, {verdict.rule}")
+                    rule = f"member {number} of {len(verdicts)}, {verdict.rule}"
+                    if kind is not UNKNOWN:
+                        rule += (
+                            ", but a task group cancels the other calls, which may have been"
+                            " sent, and does not list them"
+                        )
+                    return _Verdict(UNKNOWN, rule)
         return _Verdict(UNKNOWN, "an empty exception group")
 
 

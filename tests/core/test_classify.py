@@ -38,6 +38,7 @@ from openonce_core.classify import DEFAULT_RETRYABLE, DEFAULT_UNKNOWN, MAX_CHAIN
 FAILED = FailureClass.FAILED
 RETRYABLE = FailureClass.RETRYABLE
 UNKNOWN = FailureClass.UNKNOWN
+READ_PHASE = "read timeout or lost reply, the request may have been processed"
 
 
 def classify(exc: BaseException) -> FailureClass:
@@ -506,18 +507,30 @@ def test_sdk_retries_turn_a_definite_answer_into_unknown():
     assert classify(refused_after_retry) is UNKNOWN
 
 
-def test_exception_groups_are_unknown_if_any_member_may_have_happened():
+def test_exception_groups_are_unknown_whatever_their_members_say():
+    # A task group cancels the other calls when one fails and lists only the failures: a
+    # cancelled call that was already sent is not in the group.
     refused = ConnectionRefusedError(111, "refused")
     read = httpx.ReadTimeout("read")
     declined = stripe_error(402, "card_error")
-    assert classify(ExceptionGroup("calls", [refused, refused])) is RETRYABLE
-    assert classify(ExceptionGroup("calls", [refused, read])) is UNKNOWN
-    assert classify(ExceptionGroup("calls", [refused, declined])) is FAILED
-    assert classify(ExceptionGroup("calls", [ValueError("x"), refused])) is UNKNOWN
+    for members in ([refused, refused], [refused, read], [refused, declined], [ValueError()]):
+        assert classify(ExceptionGroup("calls", members)) is UNKNOWN
+    assert reason(ExceptionGroup("calls", [refused, read])) == (
+        f"ExceptionGroup: member 2 of 2, httpx.ReadTimeout: {READ_PHASE}"
+    )
+    assert reason(ExceptionGroup("calls", [refused, declined])) == (
+        "ExceptionGroup: member 2 of 2, stripe.CardError: Stripe 402, the provider answered no,"
+        " but a task group cancels the other calls, which may have been sent, and does not"
+        " list them"
+    )
     nested = ExceptionGroup("outer", [refused, ExceptionGroup("inner", [read])])
-    assert classify(nested) is UNKNOWN
+    assert "member 1 of 1, httpx.ReadTimeout" in reason(nested)
     assert classify(BaseExceptionGroup("cancelled", [asyncio.CancelledError()])) is UNKNOWN
-    assert "member 2 of 2" in reason(ExceptionGroup("calls", [refused, read]))
+    # The handler that knows better says so explicitly.
+    try:
+        raise RetryableEffectError("both calls were refused") from ExceptionGroup("c", [refused])
+    except RetryableEffectError as explicit:
+        assert classify(explicit) is RETRYABLE
 
 
 def test_a_reader_that_breaks_does_not_break_classification():
