@@ -12,12 +12,14 @@ The rule, in the order it is applied:
    request may be out already.
 2. **The chain is read, outermost first**: the exception, then its ``__cause__``, else its
    ``__context__`` unless ``__suppress_context__`` (``raise ... from None``), guarded
-   against cycles and long chains. The first link that decides, decides. For each link
-   the classes of its MRO are looked at, most specific first, by name qualified with
-   their package (``requests.ConnectionError`` is not ``builtins.ConnectionError``):
+   against cycles (the walk stops) and chains longer than ``MAX_CHAIN`` links (UNKNOWN).
+   The first link that decides, decides. For each link the classes of its MRO are looked
+   at, most specific first, by name qualified with their package
+   (``requests.ConnectionError`` is not ``builtins.ConnectionError``):
 
-   * your declarations first: ``Classifier(business=...)`` (FAILED), then the
-     ``retryable`` and ``unknown`` name sets;
+   * your declarations first, class by class: ``Classifier(business=...)`` (FAILED), then
+     the ``retryable`` and ``unknown`` name sets (so a built-in rule for a more specific
+     class still beats a broad declaration such as ``business=(stripe.StripeError,)``);
    * connect-phase errors (refused, DNS, connect timeout, no pooled connection, a URL the
      client would not send to) are RETRYABLE: nothing reached the provider;
    * read-phase timeouts, resets and lost replies are UNKNOWN;
@@ -548,8 +550,12 @@ class Classifier:
         link: BaseException | None = exc
         edge = ""
         while link is not None:
-            if id(link) in walk.seen or len(walk.seen) >= MAX_CHAIN:
-                break  # a cycle, or a chain longer than any SDK builds
+            if id(link) in walk.seen:
+                break  # a cycle: nothing new below
+            if len(walk.seen) >= MAX_CHAIN:
+                # Longer than any SDK builds; what decides may lie below, unread.
+                where = " ".join(path)
+                return _Verdict(UNKNOWN, f"{where}: not read past {MAX_CHAIN} links")
             walk.seen.add(id(link))
             path.append(edge + _display(type(link)))
             retries = _sdk_retries(link)

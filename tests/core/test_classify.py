@@ -479,6 +479,8 @@ def test_cycles_and_very_long_chains_end():
     for n in range(MAX_CHAIN + 5):
         deep = raised(RuntimeError(f"layer {n}"), deep)
     assert classify(deep) is UNKNOWN  # the refusal is too deep to be read
+    assert reason(deep).endswith(f"not read past {MAX_CHAIN} links")
+    assert Classifier(default="failed").classify(deep) is UNKNOWN  # whatever the default
 
 
 def test_inner_explicit_raises_are_read_down_the_chain():
