@@ -448,14 +448,19 @@ def _sdk_retries(exc: BaseException) -> int:
 
 @functools.lru_cache(maxsize=2048)
 def _names(cls: type) -> frozenset[str]:
-    """Every name a declaration may use for ``cls``: ``ReadTimeout``, ``requests.ReadTimeout``,
-    ``requests.exceptions.ReadTimeout``; private modules also without their underscore
-    (``stripe._error.CardError`` is also ``stripe.error.CardError`` and ``stripe.CardError``)."""
+    """Every name a declaration may use for ``cls``: the bare name, and the name after any
+    run of its module's dotted parts. ``requests.exceptions.ReadTimeout`` is also
+    ``requests.ReadTimeout``; a vendored copy (``pip._vendor.requests.exceptions``,
+    ``botocore.vendored.requests...``) is known by the same names as the original; a private
+    module also goes without its underscore (``stripe._error.CardError`` is
+    ``stripe.error.CardError`` and ``stripe.CardError``)."""
     qualname = cls.__qualname__
     names = {qualname}
     for module in {cls.__module__, cls.__module__.replace("._", ".")}:
         parts = module.split(".")
-        names.update(".".join([*parts[: i + 1], qualname]) for i in range(len(parts)))
+        for start in range(len(parts)):
+            for end in range(start + 1, len(parts) + 1):
+                names.add(".".join([*parts[start:end], qualname]))
     return frozenset(names)
 
 

@@ -219,6 +219,20 @@ def test_the_most_specific_class_decides():
     assert classify(botocore.exceptions.ReadTimeoutError(endpoint_url="http://x")) is UNKNOWN
 
 
+def test_vendored_copies_of_a_client_are_known_by_the_same_names():
+    import botocore.vendored.requests.exceptions as botocore_requests
+    import pip._vendor.requests.exceptions as pip_requests
+    import pip._vendor.urllib3.exceptions as pip_urllib3
+
+    assert classify(pip_requests.ConnectTimeout("connect")) is RETRYABLE
+    assert classify(pip_requests.ReadTimeout("read")) is UNKNOWN
+    assert classify(pip_urllib3.NewConnectionError(None, "refused")) is RETRYABLE
+    assert classify(botocore_requests.ConnectTimeout("connect")) is RETRYABLE
+    # A look-alike outside any client package is not taken for the client's class.
+    look_alike = type("ConnectTimeout", (ConnectionError, TimeoutError), {"__module__": "app"})
+    assert classify(look_alike("connect")) is UNKNOWN
+
+
 def test_names_are_qualified_by_package():
     # builtins.ConnectionError alone is ambiguous (UNKNOWN); requests.ConnectionError is a
     # wrapper that defers to what it wraps: a refused connection underneath is RETRYABLE.
