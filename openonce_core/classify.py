@@ -38,13 +38,16 @@ The rule, in the order it is applied:
                                                        too early, a rate limit)
      409                                   UNKNOWN     a conflict with another request,
                                                        perhaps this one still in flight
-                                                       (Stripe: the same idempotency key)
+                                                       (Stripe: the same idempotency key;
+                                                       the openai and anthropic SDKs
+                                                       retry it as a lock timeout)
      5xx, 2xx/3xx on an error, Stripe 424  UNKNOWN     the call may have run
      AWS throttling codes (``Throttling``, RETRYABLE   throttled requests are rejected
      ``SlowDown``, ...); S3                            before they run; an S3
      ``RequestTimeout``                                ``RequestTimeout`` never got the
                                                        whole body
-     AWS ``TransactionInProgressException``  UNKNOWN   the same transaction is running
+     AWS ``TransactionInProgress           UNKNOWN     the same transaction is running
+     Exception``
      gRPC INVALID_ARGUMENT, NOT_FOUND,     FAILED      the server refused it
      PERMISSION_DENIED, UNAUTHENTICATED,
      FAILED_PRECONDITION, OUT_OF_RANGE,
