@@ -430,7 +430,7 @@ _RULES: dict[str, _Reader | _Wrapper | _Verdict] = {
 
 def _sdk_retries(exc: BaseException) -> int:
     """How many times the SDK itself retried before raising this (0 when it cannot tell)."""
-    names = frozenset(name for cls in type(exc).__mro__ for name in _names(cls))
+    names = _mro_names(type(exc))
     try:
         count: Any = None
         if names & {"openai.APIError", "anthropic.APIError"}:
@@ -465,6 +465,11 @@ def _names(cls: type) -> frozenset[str]:
             for end in range(start + 1, len(parts) + 1):
                 names.add(".".join([*parts[start:end], qualname]))
     return frozenset(names)
+
+
+@functools.lru_cache(maxsize=2048)
+def _mro_names(cls: type) -> frozenset[str]:
+    return frozenset(name for base in cls.__mro__ for name in _names(base))
 
 
 def _display(cls: type) -> str:
