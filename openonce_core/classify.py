@@ -430,7 +430,8 @@ _RULES: dict[str, _Reader | _Wrapper | _Verdict] = {
 
 def _sdk_retries(exc: BaseException) -> int:
     """How many times the SDK itself retried before raising this (0 when it cannot tell)."""
-    names = _mro_names(type(exc))
+    cls: type = type(exc)
+    names = _mro_names(cls)
     try:
         count: Any = None
         if names & {"openai.APIError", "anthropic.APIError"}:
