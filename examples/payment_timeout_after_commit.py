@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,12 +34,14 @@ from openonce_core.records import Effect
 from openonce_core.testing import (
     ChargeDeclined,
     ChargeFault,
+    FakeClock,
     FakePaymentProber,
     FakePaymentProvider,
     NaiveRetryComparison,
     SafetyCheck,
     SafetyReport,
     fake_payment_capability,
+    stop_heartbeat,
 )
 
 TOOL = "charge_customer"
@@ -62,11 +63,16 @@ class Run:
         max_attempts: int = 3,
         lease_seconds: float = 300.0,
         after_commit: Callable[[], object] | None = None,
+        clock: FakeClock | None = None,
         **provider_options: Any,
     ) -> None:
         self.provider = FakePaymentProvider(faults, **provider_options)
         self.oo = OpenOnce(
-            ":memory:", retry_delay=0, max_attempts=max_attempts, lease_seconds=lease_seconds
+            ":memory:",
+            retry_delay=0,
+            max_attempts=max_attempts,
+            lease_seconds=lease_seconds,
+            clock=clock,
         )
         self._reconcilers: list[Reconciler] = []
         provider = self.provider
@@ -294,17 +300,23 @@ def unknown_auto_retry_protection() -> list[Fact]:
             ("no prober: escalated", report.escalated == [effect.id], True),
             ("no prober: provider calls", run.provider.charge_calls, 1),
         ]
-    # A worker hangs after the provider committed, past its lease: the lease expiring is
-    # not a licence to run the charge again.
-    release = threading.Event()
-    with Run(lease_seconds=0.3, after_commit=lambda: release.wait(10)) as run:
+    # A worker is stopped after the provider committed, past its lease: the lease expiring
+    # is not a licence to run the charge again.
+    release, committed = threading.Event(), threading.Event()
+    clock = FakeClock()
+
+    def stopped_after_commit() -> None:
+        committed.set()
+        release.wait(10)
+
+    with Run(lease_seconds=300.0, after_commit=stopped_after_commit, clock=clock) as run:
         holder: list[Any] = []
         worker = threading.Thread(target=lambda: holder.append(run.attempt()))
         worker.start()
-        deadline = time.monotonic() + 10
-        while run.provider.charge_calls == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        duplicate = run.attempt()  # waits for the lease, finds it expired: UNKNOWN
+        committed.wait(10)
+        stop_heartbeat(run.oo)  # stopped: nothing renews its lease any more
+        clock.advance(301)
+        duplicate = run.attempt()  # finds the lease expired: UNKNOWN, not a second charge
         state_after_expiry = run.effect().state
         release.set()
         worker.join(10)

@@ -8,6 +8,7 @@ the chain of causes *before* anything is cut to length or stored.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from .canonical import check_json
@@ -24,7 +25,7 @@ def describe(
     """The JSON record of a handler's exception: its class, message, arguments (when they
     are JSON, so the same exception can be raised on replay), class and causes."""
     cls = type(exc)
-    args: Any = scrub(list(exc.args), secrets)
+    args: Any = scrub(_plain(list(exc.args)), secrets)
     try:
         check_json(args)
     except InvalidArgumentsError:
@@ -77,6 +78,19 @@ def scrub(value: Any, secrets: tuple[str, ...]) -> Any:
         return [scrub(v, secrets) for v in value]
     if isinstance(value, dict):
         return {scrub(k, secrets): scrub(v, secrets) for k, v in value.items()}
+    return value
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """Arguments as plain JSON types where that loses nothing a replay needs: provider
+    errors carry mappings (an OrderedDict body, a header mapping) and tuples. Anything else
+    is left as it is, and the check that follows then refuses it."""
+    if depth > 16:
+        return value
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return {k: _plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v, depth + 1) for v in value]
     return value
 
 

@@ -14,7 +14,8 @@
   report the CLI prints as text or JSON;
 * :class:`FakeClock` — a ledger clock a test moves by hand (``OpenOnce(..., clock=clock)``,
   ``Reconciler(..., clock=clock)``), so leases, grace windows, approval expiry and
-  backoff are tested without sleeping.
+  backoff are tested without sleeping; :func:`stop_heartbeat` makes a client behave like
+  a process that was stopped or cut off mid-call (its leases are no longer renewed).
 
 "Safe under tested conditions" describes only the scenarios a suite ran. It is not
 formal verification: the fake models a few failure modes of a real provider, not all.
@@ -49,9 +50,20 @@ __all__ = [
     "SafetyReport",
     "SearchPage",
     "fake_payment_capability",
+    "stop_heartbeat",
 ]
 
 SAFE = "SAFE UNDER TESTED CONDITIONS"
+
+
+def stop_heartbeat(oo: Any) -> Any:
+    """Stop ``oo`` renewing the leases of its running calls, as if its process had been
+    stopped (SIGSTOP), frozen or cut off from the ledger while a handler runs: with a
+    FakeClock advanced past the lease, the effect can then expire into UNKNOWN."""
+    oo.keeper.close()
+    return oo
+
+
 REPORT_SCHEMA_VERSION = 1
 
 

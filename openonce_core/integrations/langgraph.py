@@ -75,6 +75,7 @@ def effect_tool(
     idempotency_key: Callable[..., Any] | None = None,
     max_attempts: int | None = None,
     secret_fields: Sequence[str] = (),
+    business_errors: Sequence[type[BaseException]] = (),
     lease_seconds: float | None = None,
     wait_seconds: float | None = None,
     name: str | None = None,
@@ -97,6 +98,7 @@ def effect_tool(
             idempotency_key=idempotency_key,
             max_attempts=max_attempts,
             secret_fields=secret_fields,
+            business_errors=business_errors,
             lease_seconds=lease_seconds,
             wait_seconds=wait_seconds,
             name=name,
@@ -110,6 +112,7 @@ def effect_tool(
         idempotency_key=idempotency_key,
         max_attempts=max_attempts,
         secret_fields=secret_fields,
+        business_errors=business_errors,
         lease_seconds=lease_seconds,
         wait_seconds=wait_seconds,
     )

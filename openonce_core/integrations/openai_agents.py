@@ -83,6 +83,7 @@ def effect_function_tool(
     idempotency_key: Callable[..., Any] | None = None,
     max_attempts: int | None = None,
     secret_fields: Sequence[str] = (),
+    business_errors: Sequence[type[BaseException]] = (),
     lease_seconds: float | None = None,
     wait_seconds: float | None = None,
     dedup: Dedup = "scope",
@@ -104,6 +105,7 @@ def effect_function_tool(
             idempotency_key=idempotency_key,
             max_attempts=max_attempts,
             secret_fields=secret_fields,
+            business_errors=business_errors,
             lease_seconds=lease_seconds,
             wait_seconds=wait_seconds,
             dedup=dedup,
@@ -118,6 +120,7 @@ def effect_function_tool(
         idempotency_key=idempotency_key,
         max_attempts=max_attempts,
         secret_fields=secret_fields,
+        business_errors=business_errors,
         lease_seconds=lease_seconds,
         wait_seconds=wait_seconds,
     )

@@ -775,20 +775,19 @@ def test_a_declined_stripe_charge_is_failed_and_not_run_again(oo, provider, stri
     assert len(fake.received) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the runtime replays a failure as its own class only when the exception's args"
-    " are strict JSON; stripe errors carry an OrderedDict json_body and the HTTP client's"
-    " header mapping, so the replay is EffectFailed (runtime.py, the lead's)",
-)
 def test_a_declined_stripe_charge_replays_as_the_same_exception_class(oo, provider, stripe_at):
     fake = provider(stripe_error(402, "card_error", "card_declined"))
     stripe_at(fake.url)
     charge_order = stripe_charge_effect(oo, [])
-    with pytest.raises(stripe.CardError):
+    with pytest.raises(stripe.CardError) as first:
         charge_order("order-11")
-    with pytest.raises(stripe.CardError):
+    # Its body and headers (an OrderedDict, a header mapping) are stored as plain JSON, so
+    # the replay is the same class with the same code the agent can branch on.
+    with pytest.raises(stripe.CardError) as replayed:
         charge_order("order-11")
+    assert replayed.value.code == first.value.code == "card_declined"
+    assert replayed.value.openonce_replayed is True
+    assert len(fake.received) == 1
 
 
 def test_a_stripe_500_is_parked_unknown(oo, provider, stripe_at):

@@ -20,9 +20,11 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+import requests
 
 from openonce_core import (
     ApprovalDenied,
+    BusinessError,
     ApprovalExpired,
     ApprovalPending,
     ApproverAlreadyCounted,
@@ -63,16 +65,12 @@ PEPPER = b"test-pepper-0123456789abcdef"
 # -- exceptions named like the ones real HTTP clients raise ------------------------------
 
 
-class CardDeclined(Exception):
+class CardDeclined(BusinessError):
     """A business error defined at module level, so a replay can rebuild it."""
 
 
 class Timeout(OSError):
     """Named like requests.exceptions.Timeout."""
-
-
-class ConnectTimeout(ConnectionError, Timeout):
-    """Like requests.ConnectTimeout: also a ConnectionError; nothing was sent."""
 
 
 class ReadTimeout(Timeout):
@@ -636,7 +634,9 @@ def test_business_error_is_recorded_failed_and_replayed(store):
     oo = OpenOnce(store, retry_delay=0, max_attempts=3, owner=OWNER)
     calls: list[int] = []
 
-    @oo.effect(tool="stripe.charge")
+    # A ValueError alone would be UNKNOWN (it may come from reading the provider's reply);
+    # this tool declares it the provider's "no".
+    @oo.effect(tool="stripe.charge", business_errors=(ValueError,))
     def charge(amount_cents: int) -> dict[str, Any]:
         calls.append(amount_cents)
         raise ValueError("card declined")
@@ -657,7 +657,7 @@ def test_business_error_is_recorded_failed_and_replayed(store):
     assert moves(oo, effect.id) == [(S.PLANNED, S.STARTED), (S.STARTED, S.FAILED)]
     last = oo.journal(effect.id)[-1]
     assert last.actor == AGENT
-    assert last.reason == "builtins.ValueError"
+    assert last.reason == "ValueError is declared a business error"
     assert last.evidence["error"]["message"] == "card declined"
     assert oo.stats["failed"] == 1
     assert oo.stats["replayed"] == 1
@@ -686,7 +686,7 @@ def test_failure_of_a_class_that_cannot_be_rebuilt_replays_as_effect_failed(stor
     oo = OpenOnce(store, retry_delay=0)
     calls: list[int] = []
 
-    class LocalDecline(Exception):
+    class LocalDecline(BusinessError):
         pass
 
     @oo.effect
@@ -784,7 +784,7 @@ def test_retryable_error_is_retried_up_to_max_attempts_then_failed(store):
     "connect_error",
     [
         pytest.param(ConnectionRefusedError(111, "Connection refused"), id="refused"),
-        pytest.param(ConnectTimeout("connect timed out"), id="connect-timeout"),
+        pytest.param(requests.ConnectTimeout("connect timed out"), id="connect-timeout"),
     ],
 )
 def test_connect_phase_errors_are_retried_until_success(store, connect_error):
@@ -1799,7 +1799,7 @@ def test_failed_finishing_write_after_a_business_error_carries_the_exception(sto
     failing = CommitFailsStore(store, failing_states=(S.FAILED,))
     oo = OpenOnce(failing, retry_delay=0)
     calls: list[int] = []
-    declined = ValueError("card declined")
+    declined = CardDeclined("card declined")
 
     @oo.effect(idempotency_key=lambda amount_cents: f"c-{amount_cents}")
     def charge(amount_cents: int) -> None:

@@ -234,7 +234,11 @@ def test_an_unknown_outcome_is_not_retried_when_the_model_retries(oo, ran):
 
 def test_a_failure_takes_the_sdk_error_path_and_a_retry_replays_it(oo, ran):
     @effect_function_tool(
-        oo, tool="payments.charge", idempotency_fields=["order_id"], failure_error_function=None
+        oo,
+        tool="payments.charge",
+        idempotency_fields=["order_id"],
+        business_errors=(ValueError,),
+        failure_error_function=None,
     )
     def charge(order_id: str) -> str:
         """Charge the customer for an order."""
