@@ -24,10 +24,10 @@ import requests
 
 from openonce_core import (
     ApprovalDenied,
-    BusinessError,
     ApprovalExpired,
     ApprovalPending,
     ApproverAlreadyCounted,
+    BusinessError,
     ConfigurationError,
     EffectCancelled,
     EffectFailed,
