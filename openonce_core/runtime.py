@@ -246,6 +246,7 @@ class OpenOnce(Contracts, CallPath, Decisions):
                 return await loop.run_in_executor(self._threads(), job)
 
             async_wrapper.openonce_tool = spec.tool  # type: ignore[attr-defined]
+            async_wrapper.openonce_spec = spec  # type: ignore[attr-defined]
             return async_wrapper
 
         @functools.wraps(fn)
@@ -253,6 +254,7 @@ class OpenOnce(Contracts, CallPath, Decisions):
             return self._execute(self._prepare(spec, args, kwargs))
 
         wrapper.openonce_tool = spec.tool  # type: ignore[attr-defined]
+        wrapper.openonce_spec = spec  # type: ignore[attr-defined]
         return wrapper
 
     @contextmanager

@@ -150,7 +150,24 @@ def slow(target: str, keys: int, out_dir: str, sleep: float) -> None:
     oo.close()
 
 
-COMMANDS = {"race": race, "hang": hang, "slow": slow}
+def stoppable(target: str, marker: str, release: str, lease_seconds: float) -> None:
+    """Open a PR (``github.create_pr``), note the claim in ``marker``, then wait until the
+    file ``release`` exists (the test stops and continues this process meanwhile)."""
+    oo = OpenOnce(target)
+
+    @oo.effect(tool="github.create_pr", idempotency_key=lambda head: head,
+               lease_seconds=lease_seconds)  # fmt: skip
+    def create_pr(head: str) -> dict[str, Any]:
+        append_line(marker, current_effect().effect_id)
+        while not os.path.exists(release):
+            time.sleep(0.01)
+        return {"number": 7, "head": head}
+
+    create_pr("fix")
+    oo.close()
+
+
+COMMANDS = {"race": race, "hang": hang, "slow": slow, "stoppable": stoppable}
 
 
 def main(argv: list[str]) -> int:
