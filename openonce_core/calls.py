@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
 S = EffectState
 _REPLAY = object()
+KNOWN_KEYS = 10_000  # how many (tool, key) pairs a process remembers having seen
 _SETTLED = (S.COMMITTED, S.FAILED)
 
 
@@ -75,6 +76,7 @@ class CallPath:
     retry_delay: float
     stats: Counter[str]
     observers: tuple[Observer, ...]
+    _known_keys: dict[tuple[str, str], None]  # keys this process claimed or replayed
 
     # Provided by the other parts of OpenOnce.
     if TYPE_CHECKING:
@@ -138,6 +140,7 @@ class CallPath:
                 continue  # another caller's insert we could not see yet: read again
             if claimed is None:
                 assert row is not None
+                self._remember((call.tool, call.key))
                 trace.effect_id = row.id
                 if (
                     call.spec.idempotency_key is not None
@@ -165,14 +168,18 @@ class CallPath:
     def _claim_or_find(self, call: Call) -> tuple[Effect | None, ReplayRow | None]:
         """Claim a new effect for this call, or read what already holds its key.
 
-        Postgres tries the claim first and reads the holder in the same round trip, so a
-        new effect costs two round trips in all and a duplicate one (which writes nothing:
-        the insert finds the key taken). SQLite reads first: a read costs no round trip
-        there, and a failed insert would have taken the write lock."""
-        if self.store.dialect != "postgres":
+        A key this process has not seen is most likely new: on Postgres the claim is tried
+        first and the holder, if any, read in the same round trip, so a new effect costs
+        two round trips in all and a duplicate from another process one (which writes
+        nothing: the insert finds the key taken). A key seen here before is most likely a
+        duplicate (the agent retried): one lean read. SQLite always reads first: a read
+        costs no round trip there, and a failed insert would have taken the write lock."""
+        known = (call.tool, call.key)
+        if self.store.dialect != "postgres" or known in self._known_keys:
             row = self.store.find_replay(call.tool, call.key)
             if row is not None:
                 return None, row
+        self._remember(known)
         effect, why = self._new_effect(call)
         action = "request_approval" if effect.state == S.REQUIRES_APPROVAL else "claim"
         inserted, row = self.ledger.create(
@@ -188,6 +195,15 @@ class CallPath:
         if effect.state == S.REQUIRES_APPROVAL:
             raise ApprovalPending(effect.id, call.tool, 0, effect.approvals_required)
         return effect, None
+
+    def _remember(self, known: tuple[str, str]) -> None:
+        keys = self._known_keys
+        keys[known] = None
+        if len(keys) > KNOWN_KEYS:
+            # Forget the oldest half; a forgotten key only costs its next replay a
+            # combined statement instead of a plain read. (Racing threads may both trim.)
+            for old in list(keys)[: KNOWN_KEYS // 2]:
+                keys.pop(old, None)
 
     def _new_effect(self, call: Call) -> tuple[Effect, str]:
         decision = self.policy(call.tool, call.stored_args)

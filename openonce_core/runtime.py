@@ -154,6 +154,7 @@ class OpenOnce(Contracts, CallPath, Decisions):
         # Counts per outcome (see observe.OUTCOMES), so metrics can tell a replay from a
         # fresh call.
         self.stats: Counter[str] = Counter()
+        self._known_keys: dict[tuple[str, str], None] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         # Provider knowledge. With enforcement on, calls must meet their capability's
         # contract before they run and receipts after; off, whatever returns is recorded.
