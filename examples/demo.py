@@ -36,6 +36,9 @@ def main() -> int:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "openonce_site.settings.dev",
+        # The product's own 404 and 500 pages, not Django's debug pages (which list the
+        # URLconf and print tracebacks to whoever opens the demo).
+        "OPENONCE_DEBUG": "false",
         "OPENONCE_DATABASE": str(LEDGER),
         "OPENONCE_DEMO_WORLD": str(WORLD),
         "OPENONCE_PROBERS": "examples.demo_world:PROBERS",
