@@ -623,3 +623,40 @@ def test_services_stop_gracefully_on_sigterm(running: Stack) -> None:
     web = running.procs["web"]
     assert web.terminate(grace=35) == 0, web.output()[-2000:]
     assert "Shutting down: Master" in web.output()
+
+
+def test_the_constraints_pin_everything_the_server_extra_installs(stack: Stack) -> None:
+    """The image is reproducible only if deploy/constraints.txt pins every package."""
+    frozen = stack.run([stack.python, "-m", "pip", "freeze", "--exclude", "openonce"])
+    installed = {line.split("==")[0].lower() for line in frozen.stdout.split() if "==" in line}
+    pins = {
+        line.split("==")[0].lower()
+        for line in (ROOT / "deploy" / "constraints.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    }
+    assert installed and installed <= pins, f"unpinned: {sorted(installed - pins)}"
+
+
+def test_the_readme_production_section_gives_the_commands_this_test_runs() -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Running it in production") : text.index("## Measuring")]
+    lines = " ".join(
+        line.split("  #")[0].strip()
+        for block in re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+        for line in block.replace("\\\n", " ").splitlines()
+    )
+    lines = re.sub(r"\s+", " ", lines)
+    services = compose()["services"]
+    commands = [services[name]["command"] for name in ("migrate", "web", "worker", "beat", "proxy")]
+    commands[-1] = replace_arg(commands[-1], "--config", "deploy/Caddyfile")
+    commands += [
+        dockerfile_collectstatic(),
+        ["django-admin", "check", "--deploy"],
+        ["django-admin", "create_operator"],
+        services["web"]["healthcheck"]["test"][1:],
+        ["pip", "install", "--constraint", "deploy/constraints.txt"],
+        ["export", "DJANGO_SETTINGS_MODULE=openonce_site.settings.production"],
+        ["export", "OPENONCE_TLS=proxy"],
+    ]
+    for argv in commands:
+        assert " ".join(argv) in lines, f"the README does not give: {' '.join(argv)}"
