@@ -473,3 +473,41 @@ def test_not_found_and_server_error_are_the_products_pages(approver: User, monke
     body = failed.content.decode()
     assert "Something went wrong" in body
     assert "secret internals" not in body and "Traceback" not in body
+
+
+# -- malformed sign-in forms -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        {"username": "approver\x00", "password": PASSWORD},
+        {"username": "a" * 10_000, "password": WRONG},
+        {"username": "approver"},
+        {"password": PASSWORD},
+        {},
+        {"username": "\u202eapprover", "password": "x" * 100_000},
+        {"username": ["approver", "admin"], "password": [WRONG, PASSWORD]},
+    ],
+)
+def test_a_malformed_sign_in_form_is_refused_not_a_500(
+    approver: User, clock: Clock, form: dict[str, Any]
+) -> None:
+    client = Client(raise_request_exception=False)
+    response = client.post(reverse("login"), form)
+    assert response.status_code in (200, 429)
+    assert "Please enter a correct username and password" in response.content.decode() or (
+        "This field is required" in response.content.decode()
+        or "Null characters are not allowed" in response.content.decode()
+    )
+    assert not signed_in(client)
+
+
+def test_sign_in_rejects_a_lone_surrogate_in_raw_bytes(approver: User, clock: Clock) -> None:
+    client = Client(raise_request_exception=False)
+    response = client.post(
+        reverse("login"),
+        data=b"username=%ED%A0%80approver&password=x",
+        content_type="application/x-www-form-urlencoded",
+    )
+    assert response.status_code == 200 and not signed_in(client)
