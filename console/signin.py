@@ -83,7 +83,11 @@ def record_failure(request: HttpRequest, username: str) -> None:
     for kind, digest, limit in _subjects(request, username):
         key = _counter(kind, digest, bucket)
         cache.add(key, 0, timeout=2 * window)
-        count = cache.incr(key) + int(cache.get(_counter(kind, digest, bucket - 1), 0))
+        try:
+            count = cache.incr(key)
+        except ValueError:  # it expired between add and incr
+            cache.set(key, count := 1, timeout=2 * window)
+        count += int(cache.get(_counter(kind, digest, bucket - 1), 0))
         if count >= limit:
             lockout = settings.OPENONCE_SIGNIN_LOCKOUT
             cache.set(_lock(kind, digest), now + lockout, timeout=lockout + window)

@@ -82,11 +82,11 @@ def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
     return lowered
 
 
-# Django's own connections. A sync gunicorn worker serves one request at a time, so two
-# connections cover a request and a health poll; the core's ledger client has its own
-# pool (OPENONCE_LEDGER_POOL_MAX, read by openonce_site.ledger).
+# Django's own connections, per process: a sync gunicorn worker needs one at a time, a
+# threaded server (runserver, gunicorn --threads) one per thread in flight. The core's
+# ledger client has its own pool (OPENONCE_LEDGER_POOL_MAX, read by openonce_site.ledger).
 def _pg_options() -> dict[str, object]:
-    return {"pool": {"min_size": 1, "max_size": env_int("OPENONCE_DB_POOL_MAX", 2, minimum=1)}}
+    return {"pool": {"min_size": 1, "max_size": env_int("OPENONCE_DB_POOL_MAX", 4, minimum=1)}}
 
 
 def database_from_parts() -> dict[str, object] | None:
