@@ -319,14 +319,19 @@ def _manage(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProce
 
 def test_commands_on_a_ledger_never_set_up_say_what_to_do(tmp_path: Path) -> None:
     empty = tmp_path / "never-migrated.db"
-    done = _manage(
-        tmp_path, "create_operator", "x", "--role", "viewer", OPENONCE_DATABASE=str(empty)
-    )
+    done = _manage(tmp_path, "reconciler_health", OPENONCE_DATABASE=str(empty))
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert "the ledger has no tables yet" in done.stderr
     assert f"ledger: {empty}" in done.stderr
     assert "set OPENONCE_DATABASE" in done.stderr and "make demo" in done.stderr
+
+    made = _manage(
+        tmp_path, "create_operator", "x", "--role", "viewer", OPENONCE_DATABASE=str(empty)
+    )
+    assert made.returncode == 1 and "Traceback" not in made.stderr
+    assert f"cannot read accounts from the ledger '{empty}'" in made.stderr
+    assert "Run migrate first" in made.stderr and "set OPENONCE_DATABASE" in made.stderr
 
 
 def test_the_dev_settings_find_the_demo_ledger_of_the_checkout() -> None:

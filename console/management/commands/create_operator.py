@@ -15,7 +15,7 @@ from django.contrib.auth.models import Group
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 
 from console.roles import ROLES, sync_roles
 
@@ -36,7 +36,16 @@ class Command(BaseCommand):
             raise CommandError("the username must not hold control or invisible characters")
         users = get_user_model()
         password = options["password"] or secrets.token_urlsafe(16)
-        existing = users.objects.filter(username=username).first()
+        try:
+            existing = users.objects.filter(username=username).first()
+        except DatabaseError as exc:
+            # Under django-admin there is no manage.py to explain this: say it here.
+            raise CommandError(
+                f"cannot read accounts from the ledger {connection.settings_dict['NAME']!r}"
+                f" ({str(exc).strip()}). Run migrate first (`django-admin migrate`; in a checkout"
+                " `make demo` or `python manage.py migrate`), or set OPENONCE_DATABASE (or"
+                " OPENONCE_DB_NAME) to the deployment's ledger."
+            ) from None
         try:
             # Checked against the account as it will be (UserAttributeSimilarityValidator
             # compares the password with the username), before anything is written.
