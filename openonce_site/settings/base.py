@@ -138,8 +138,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 OPENONCE_SECRET_PEPPER = env_str("OPENONCE_SECRET_PEPPER", "")
 if OPENONCE_SECRET_PEPPER and len(OPENONCE_SECRET_PEPPER) < 32:
     raise ImproperlyConfigured("OPENONCE_SECRET_PEPPER must be at least 32 characters")
-# The core's own connection pool per process (Django's is OPENONCE_DB_POOL_MAX).
-OPENONCE_LEDGER_POOL_MAX = env_int("OPENONCE_LEDGER_POOL_MAX", 4, minimum=1)
+# The core's own connection pool per process (Django's is OPENONCE_DB_POOL_MAX). The
+# reconciler probes on 8 threads, each recording its decision: fewer connections than
+# that make a worker's probes queue for the ledger.
+OPENONCE_LEDGER_POOL_MAX = env_int("OPENONCE_LEDGER_POOL_MAX", 10, minimum=1)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from openonce_site import env
 from openonce_site.settings import base
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,3 +98,21 @@ def test_the_image_is_reproducible_and_production_by_default() -> None:
     assert "settings.dev" not in text
     assert "USER openonce" in text
     assert "COPY deploy/constraints.txt" in text
+
+
+def test_the_connection_budget_fits_postgres(compose) -> None:
+    """Every process's two pools at their maximum, for the shape the README scales to
+    (``--scale worker=2``), stay under the max_connections compose gives Postgres."""
+    services = compose["services"]
+    postgres = services["postgres"]["command"]
+    limit = int(next(a for a in postgres if a.startswith("max_connections=")).split("=")[1])
+    web = services["web"]["command"]
+    worker = services["worker"]["command"]
+    processes = (
+        int(web[web.index("--workers") + 1])
+        + 2 * int(worker[worker.index("--concurrency") + 1])
+        + 1  # beat
+    )
+    django_pool = int(env._pg_options()["pool"]["max_size"])  # type: ignore[index]
+    per_process = django_pool + base.OPENONCE_LEDGER_POOL_MAX
+    assert processes * per_process < limit, (processes, per_process, limit)
