@@ -31,7 +31,16 @@ demo: venv
 	  echo "The browser tests need Debian's Chromium: sudo apt-get install chromium"; exit 1; \
 	fi
 
-test: venv /usr/bin/chromium
+# The deployment test (tests/deploy/test_stack.py) puts Debian's Caddy in front of
+# gunicorn, as docker-compose.yml does; nothing downloads a binary of its own.
+/usr/bin/caddy:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq caddy; \
+	else \
+	  echo "The deployment tests need Debian's Caddy: sudo apt-get install caddy"; exit 1; \
+	fi
+
+test: venv /usr/bin/chromium /usr/bin/caddy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	OPENONCE_TEST_PG=$(PG_TEST_DSN) OPENONCE_DATABASE=$(PG_TEST_DSN) $(PY) -m pytest -q

@@ -1,7 +1,9 @@
 """Access control for console views, and the security log it leaves.
 
 Every denial and every failed sign-in is logged to ``openonce.security`` (OWASP ASVS
-16.3.1, 16.3.2) with who, what and where — never a password or a form's contents.
+16.3.1, 16.3.2) with who, what and where — never a password or a form's contents. Every
+value taken from the request is escaped to one line (a ``%0A`` in a path decodes to a
+newline), so a request cannot write a log line of its own.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.signals import user_login_failed
 from django.core.exceptions import PermissionDenied
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 from django.utils.cache import add_never_cache_headers
+
+from openonce_site.logsafe import one_line
 
 security_log = logging.getLogger("openonce.security")
 
@@ -53,9 +58,9 @@ def deny(request: HttpRequest, perm: str) -> None:
         "permission denied: user=%r lacks %s for %s %s from %s",
         request.user.get_username(),
         perm,
-        request.method,
-        request.path,
-        _client(request),
+        one_line(str(request.method)),
+        one_line(request.path),
+        client_address(request),
     )
     raise PermissionDenied(f"you need the {perm} permission")
 
@@ -69,11 +74,19 @@ def log_login_failure(
     security_log.warning(
         "sign-in failed: username=%r from %s",
         username,
-        _client(request) if request is not None else "?",
+        client_address(request) if request is not None else "?",
     )
 
 
-def _client(request: HttpRequest) -> str:
-    # REMOTE_ADDR only: X-Forwarded-For is whatever the client wants it to be unless a
-    # trusted proxy rewrites it, and a log line must not be forgeable.
-    return str(request.META.get("REMOTE_ADDR", "?"))
+def client_address(request: HttpRequest) -> str:
+    """The address a request came from, for logs and sign-in throttling.
+
+    REMOTE_ADDR, unless the operator declared a reverse proxy in front
+    (OPENONCE_TLS=proxy): then the last X-Forwarded-For entry, the one that proxy wrote.
+    Without that declaration the header is whatever the client wants it to be, and
+    believing it would let a guesser pick a fresh address for every try."""
+    address = str(request.META.get("REMOTE_ADDR", "")) or "?"
+    if getattr(settings, "OPENONCE_BEHIND_PROXY", False):
+        forwarded = str(request.META.get("HTTP_X_FORWARDED_FOR", "")).rsplit(",", 1)[-1].strip()
+        address = forwarded or address
+    return one_line(address[:100])

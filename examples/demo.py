@@ -25,17 +25,14 @@ LEDGER = HERE / "demo.db"
 WORLD = HERE / "demo-world.json"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--no-serve", action="store_true", help="set up, reconcile once, exit")
-    options = parser.parse_args()
-
-    for path in (LEDGER, Path(f"{LEDGER}-wal"), Path(f"{LEDGER}-shm"), WORLD):
-        path.unlink(missing_ok=True)
-    env = {
+def demo_env() -> dict[str, str]:
+    """The environment every demo process runs with."""
+    return {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "openonce_site.settings.dev",
+        # The product's own 404 and 500 pages, not Django's debug pages (which list the
+        # URLconf and print tracebacks to whoever opens the demo).
+        "OPENONCE_DEBUG": "false",
         "OPENONCE_DATABASE": str(LEDGER),
         "OPENONCE_DEMO_WORLD": str(WORLD),
         "OPENONCE_PROBERS": "examples.demo_world:PROBERS",
@@ -44,6 +41,21 @@ def main() -> int:
         "OPENONCE_SWEEP_INTERVAL": "2",
         "PYTHONPATH": str(ROOT),
     }
+
+
+def server_argv(port: int) -> list[str]:
+    return [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--no-serve", action="store_true", help="set up, reconcile once, exit")
+    options = parser.parse_args()
+
+    for path in (LEDGER, Path(f"{LEDGER}-wal"), Path(f"{LEDGER}-shm"), WORLD):
+        path.unlink(missing_ok=True)
+    env = demo_env()
 
     def manage(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -67,10 +79,7 @@ def main() -> int:
     reconciler = subprocess.Popen(
         [sys.executable, "manage.py", "reconcile", "--watch"], cwd=ROOT, env=env
     )
-    server = subprocess.Popen(
-        [sys.executable, "manage.py", "runserver", f"127.0.0.1:{options.port}", "--noreload"],
-        cwd=ROOT, env=env,
-    )  # fmt: skip
+    server = subprocess.Popen(server_argv(options.port), cwd=ROOT, env=env)
     print(
         f"\nOpen http://127.0.0.1:{options.port}/ and sign in as the demo operator:\n"
         f"  {account}\n"

@@ -72,27 +72,90 @@ def env_list(name: str, default: list[str] | None = None) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
+def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    lowered = value.strip().lower()
+    if lowered not in choices:
+        raise ImproperlyConfigured(f"{name}={value!r}: use one of {', '.join(choices)}")
+    return lowered
+
+
+# Django's own connections, per process: a sync gunicorn worker needs one at a time, a
+# threaded server (runserver, gunicorn --threads) one per thread in flight. The core's
+# ledger client has its own pool (OPENONCE_LEDGER_POOL_MAX, read by openonce_site.ledger).
+def _pg_options() -> dict[str, object]:
+    return {"pool": {"min_size": 1, "max_size": env_int("OPENONCE_DB_POOL_MAX", 4, minimum=1)}}
+
+
+def database_from_parts() -> dict[str, object] | None:
+    """The Postgres entry from OPENONCE_DB_NAME, _USER, _PASSWORD, _HOST, _PORT, or None
+    when OPENONCE_DB_NAME is unset. Parts need no quoting: a password with ``/``, ``#``,
+    ``@`` or ``:`` is passed to libpq as it is, which a URL cannot do without
+    percent-encoding it."""
+    name = os.environ.get("OPENONCE_DB_NAME", "")
+    if not name:
+        return None
+    port = env_int("OPENONCE_DB_PORT", 5432, minimum=1)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": name,
+        "USER": os.environ.get("OPENONCE_DB_USER", ""),
+        "PASSWORD": _password(),
+        "HOST": os.environ.get("OPENONCE_DB_HOST", ""),
+        "PORT": str(port),
+        "OPTIONS": _pg_options(),
+    }
+
+
+def _password() -> str:
+    """OPENONCE_DB_PASSWORD, or the first line of the file OPENONCE_DB_PASSWORD_FILE
+    names (a Docker secret)."""
+    path = os.environ.get("OPENONCE_DB_PASSWORD_FILE", "")
+    if path:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return handle.readline().rstrip("\r\n")
+        except OSError as exc:
+            raise ImproperlyConfigured(
+                f"OPENONCE_DB_PASSWORD_FILE={path!r} cannot be read: {exc.strerror}"
+            ) from None
+    return os.environ.get("OPENONCE_DB_PASSWORD", "")
+
+
 def database_from_url(url: str, base_dir: os.PathLike[str] | str) -> dict[str, object]:
-    """Django's DATABASES entry for the ledger: a SQLite path or a postgresql:// DSN."""
+    """Django's DATABASES entry for the ledger: a SQLite path (relative to ``base_dir``)
+    or a postgresql:// DSN (percent-encode special characters in its password, or use
+    the OPENONCE_DB_* parts instead)."""
     from urllib.parse import unquote, urlsplit
 
     if url.startswith(("postgresql://", "postgres://")):
         parts = urlsplit(url)
         if not parts.path.strip("/"):
-            raise ImproperlyConfigured(f"OPENONCE_DATABASE {url!r} names no database")
+            raise ImproperlyConfigured("OPENONCE_DATABASE names no database")
+        try:
+            port = parts.port
+        except ValueError:
+            # The usual cause: an unencoded '/', '#' or ':' in the password. The message
+            # never repeats the value, which holds that password.
+            raise ImproperlyConfigured(
+                "OPENONCE_DATABASE is not a valid DSN (percent-encode '/', '#', '@' and ':'"
+                " in the password, or give OPENONCE_DB_NAME, _USER, _PASSWORD, _HOST, _PORT)"
+            ) from None
         return {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": unquote(parts.path.lstrip("/")),
             "USER": unquote(parts.username or ""),
             "PASSWORD": unquote(parts.password or ""),
             "HOST": parts.hostname or "",
-            "PORT": str(parts.port or ""),
+            "PORT": str(port or ""),
             # psycopg 3's pool: connections are reused, never opened per request.
-            "OPTIONS": {"pool": {"min_size": 1, "max_size": 10}},
+            "OPTIONS": _pg_options(),
         }
     if "://" in url:
         raise ImproperlyConfigured(
-            f"OPENONCE_DATABASE {url!r}: use a SQLite file path or a postgresql:// DSN"
+            "OPENONCE_DATABASE: use a SQLite file path or a postgresql:// DSN"
         )
     path = url if os.path.isabs(url) else os.path.join(base_dir, url)
     return {

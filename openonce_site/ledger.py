@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import connections
 from psycopg.conninfo import make_conninfo
 
-from openonce_core import OpenOnce
+from openonce_core import OpenOnce, Store, open_store
 from openonce_core.reconcile import Reconciler
 from openonce_core.wiring import build_openonce, build_reconciler
 
@@ -37,16 +37,28 @@ def ledger_target(alias: str = "default") -> str:
     )
 
 
+def _open_store(target: str) -> Store:
+    if connections["default"].settings_dict["ENGINE"] == "django.db.backends.sqlite3":
+        return open_store(target)
+    from openonce_core.stores.postgres import PostgresStore
+
+    # A bounded pool per process, so that web workers, Celery workers and beat together
+    # stay below Postgres's max_connections (README: connection limits).
+    return PostgresStore(target, max_size=settings.OPENONCE_LEDGER_POOL_MAX)
+
+
 def get_openonce() -> OpenOnce:
     target = ledger_target()
     with _lock:
         client = _clients.get(target)
         if client is None:
+            pepper = settings.OPENONCE_SECRET_PEPPER
             client = _clients[target] = build_openonce(
-                target,
+                _open_store(target),  # type: ignore[arg-type]
                 capability_files=settings.OPENONCE_CAPABILITY_FILES,
                 pins=settings.OPENONCE_PROVIDER_CAPABILITIES,
                 owner="console",
+                secret_pepper=pepper.encode() if pepper else None,
             )
         return client
 

@@ -7,9 +7,14 @@ own tables live beside the ledger's; the core installs the ledger tables on migr
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.csp import CSP
+
 from openonce_site.env import (
+    database_from_parts,
     database_from_url,
     env_bool,
     env_float,
@@ -18,7 +23,34 @@ from openonce_site.env import (
     env_str,
 )
 
-BASE_DIR = Path(__file__).resolve().parent.parent.parent
+# Where the code is: a checkout, or site-packages after `pip install "openonce[server]"`.
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # openonce_site/
+CODE_ROOT = PACKAGE_DIR.parent
+INSTALLED = CODE_ROOT.name in ("site-packages", "dist-packages")
+# The console's templates: shipped inside the package by the wheel (pyproject maps the
+# repository's top-level templates/ to openonce_site/templates), read in place in a checkout.
+TEMPLATES_DIR = PACKAGE_DIR / "templates"
+if not TEMPLATES_DIR.is_dir():
+    TEMPLATES_DIR = CODE_ROOT / "templates"
+
+
+def state_path(value: str | os.PathLike[str], state_dir: Path, setting: str) -> Path:
+    """A path for data the deployment writes (the SQLite ledger, collected static files):
+    relative paths resolve under ``state_dir``; nothing is ever written into the
+    installed package, where an upgrade would delete it."""
+    path = Path(value)
+    path = (path if path.is_absolute() else state_dir / path).resolve()
+    if INSTALLED and path.is_relative_to(CODE_ROOT):
+        raise ImproperlyConfigured(
+            f"{setting} resolves to {path}, inside the installed packages: set"
+            " OPENONCE_STATE_DIR (or an absolute path) to a folder of the deployment's own"
+        )
+    return path
+
+
+# The folder relative state paths resolve under: the working directory unless set. The
+# dev settings use the checkout, where `make demo` keeps demo.db.
+STATE_DIR = state_path(env_str("OPENONCE_STATE_DIR", os.getcwd()), Path.cwd(), "OPENONCE_STATE_DIR")
 
 SECRET_KEY = env_str("OPENONCE_SECRET_KEY", "")  # dev/test set a default; production requires it
 DEBUG = env_bool("OPENONCE_DEBUG", False)
@@ -30,6 +62,8 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    # WhiteNoise serves static files under runserver too, as it does under gunicorn.
+    "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "django_htmx",
     "console",
@@ -38,6 +72,11 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files straight after security headers, before sessions and auth: the
+    # stylesheet and htmx need neither, and are served compressed with far-future caching.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
+    "openonce_site.middleware.PermissionsPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -53,7 +92,7 @@ WSGI_APPLICATION = "openonce_site.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [TEMPLATES_DIR],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -65,16 +104,82 @@ TEMPLATES = [
     },
 ]
 
-OPENONCE_DATABASE = env_str("OPENONCE_DATABASE", "openonce.db")
-DATABASES = {"default": database_from_url(OPENONCE_DATABASE, BASE_DIR)}
+
+def ledger_database(default: str | None) -> tuple[str, dict[str, object]]:
+    """OPENONCE_DATABASE (a SQLite path or a postgresql:// DSN), or the Postgres parts
+    OPENONCE_DB_NAME/_USER/_PASSWORD/_HOST/_PORT; ``default`` when neither is set (None:
+    refuse to start)."""
+    parts = database_from_parts()
+    url = os.environ.get("OPENONCE_DATABASE", "")
+    if parts is not None and url:
+        raise ImproperlyConfigured("set OPENONCE_DATABASE or OPENONCE_DB_NAME, not both")
+    if parts is not None:
+        return f"postgresql (OPENONCE_DB_NAME={parts['NAME']})", parts
+    if not url:
+        if default is None:
+            raise ImproperlyConfigured(
+                "set OPENONCE_DATABASE (a postgresql:// DSN or a SQLite path) or"
+                " OPENONCE_DB_NAME with OPENONCE_DB_USER/_PASSWORD/_HOST/_PORT"
+            )
+        url = default
+    entry = database_from_url(url, STATE_DIR)
+    if entry["ENGINE"] == "django.db.backends.sqlite3":
+        entry["NAME"] = str(state_path(str(entry["NAME"]), STATE_DIR, "OPENONCE_DATABASE"))
+    return url, entry
+
+
+OPENONCE_DATABASE, _ledger = ledger_database("openonce.db")
+DATABASES = {"default": _ledger}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Secret-field digests are HMAC-SHA256 keyed with this pepper (the same value the agents
+# give OpenOnce(secret_pepper=...)); without one a short secret can be recovered from its
+# digest by trying every value.
+OPENONCE_SECRET_PEPPER = env_str("OPENONCE_SECRET_PEPPER", "")
+if OPENONCE_SECRET_PEPPER and len(OPENONCE_SECRET_PEPPER) < 32:
+    raise ImproperlyConfigured("OPENONCE_SECRET_PEPPER must be at least 32 characters")
+# The core's own connection pool per process (Django's is OPENONCE_DB_POOL_MAX). The
+# reconciler probes on 8 threads, each recording its decision: fewer connections than
+# that make a worker's probes queue for the ledger.
+OPENONCE_LEDGER_POOL_MAX = env_int("OPENONCE_LEDGER_POOL_MAX", 10, minimum=1)
+
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 12},
+    },
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
+
+# Sign-in throttling (console.signin): failures counted per username and per client
+# address over a window; past a limit, sign-in is refused with 429 for the lockout,
+# before any password is hashed (hashing is what makes a flood expensive).
+OPENONCE_SIGNIN_USER_LIMIT = env_int("OPENONCE_SIGNIN_USER_LIMIT", 5, minimum=1)
+OPENONCE_SIGNIN_ADDRESS_LIMIT = env_int("OPENONCE_SIGNIN_ADDRESS_LIMIT", 20, minimum=1)
+OPENONCE_SIGNIN_WINDOW = env_int("OPENONCE_SIGNIN_WINDOW", 900, minimum=1)  # seconds
+OPENONCE_SIGNIN_LOCKOUT = env_int("OPENONCE_SIGNIN_LOCKOUT", 900, minimum=1)  # seconds
+
+
+def cache_from_url(url: str) -> dict[str, object]:
+    """The throttle's counters: ``redis://...`` shares them between every process (what
+    production needs), ``locmem`` keeps them per process (one runserver)."""
+    if url == "locmem":
+        return {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        return {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": url,
+            "KEY_PREFIX": "openonce",
+        }
+    raise ImproperlyConfigured("OPENONCE_CACHE_URL: use redis://HOST:PORT/DB or locmem")
+
+
+OPENONCE_CACHE_URL = env_str("OPENONCE_CACHE_URL", "locmem")
+CACHES = {"default": cache_from_url(OPENONCE_CACHE_URL)}
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -82,13 +187,69 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+# Where collectstatic writes (production: OPENONCE_STATIC_ROOT, default <state dir>/static).
+# Dev and test serve the apps' files in place and collect nothing.
+STATIC_ROOT: Path | None = (
+    state_path(os.environ["OPENONCE_STATIC_ROOT"], STATE_DIR, "OPENONCE_STATIC_ROOT")
+    if os.environ.get("OPENONCE_STATIC_ROOT")
+    else None
+)
+# Production serves collected, hashed and compressed files (collectstatic writes them
+# to STATIC_ROOT); dev and test read them from the apps, uncollected.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+
+# -- browser hardening ------------------------------------------------------------------
+# Nothing but the console's own files: no inline script or style (htmx is configured
+# not to inject its indicator style), no frames, no plugins, forms post only here.
+SECURE_CSP = {
+    "default-src": [CSP.NONE],
+    "script-src": [CSP.SELF],
+    "style-src": [CSP.SELF],
+    "img-src": [CSP.SELF],
+    "font-src": [CSP.SELF],
+    "connect-src": [CSP.SELF],  # htmx's requests
+    "form-action": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+    "base-uri": [CSP.NONE],
+    "object-src": [CSP.NONE],
+}
+# Browser features the console never uses, switched off for it and anything it embeds.
+PERMISSIONS_POLICY = {
+    feature: []
+    for feature in (
+        "accelerometer", "autoplay", "camera", "display-capture", "encrypted-media",
+        "fullscreen", "geolocation", "gyroscope", "magnetometer", "microphone", "midi",
+        "payment", "picture-in-picture", "publickey-credentials-get", "screen-wake-lock",
+        "serial", "usb", "xr-spatial-tracking",
+    )
+}  # fmt: skip
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+
+# Where a debug page can exist (dev, the demo), it masks every setting that holds a
+# credential: DSNs and broker URLs as well as Django's own names.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "openonce_site.debug.CredentialMaskingFilter"
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    # One line per record: control characters in a message (a %0A in a request path,
+    # a username with a newline) are escaped, so request data cannot forge log lines.
+    "filters": {"one_line": {"()": "openonce_site.logsafe.OneLineFilter"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["one_line"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env_str("OPENONCE_LOG_LEVEL", "INFO")},
 }
 

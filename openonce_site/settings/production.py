@@ -1,34 +1,78 @@
-"""Production: every secret from the environment, secure cookies, HSTS.
+"""Production: every secret from the environment, DEBUG off whatever the environment
+says, hashed and compressed static files, secure cookies and HSTS behind TLS.
 
-``manage.py check --deploy --settings=openonce_site.settings.production`` is clean.
+gunicorn (``openonce_site.wsgi``), an ASGI server (``openonce_site.asgi``) and Celery
+(``-A openonce_site``) choose these settings unless DJANGO_SETTINGS_MODULE says otherwise.
+
+Where TLS ends is the operator's statement, ``OPENONCE_TLS``:
+
+* ``direct`` (the default): gunicorn terminates TLS itself (``--certfile``/``--keyfile``);
+  no forwarded header is believed.
+* ``proxy``: a reverse proxy in front terminates TLS (compose's Caddy service). Only then
+  are its ``X-Forwarded-Proto`` and ``X-Forwarded-For`` believed: published directly,
+  any client could claim HTTPS or another address.
+* ``off``: plain HTTP, explicitly, for a private network. No HTTPS redirect (nothing
+  would answer it), no HSTS, cookies without ``Secure``; ``check --deploy`` reports
+  exactly those.
+
+``manage.py check --deploy --settings=openonce_site.settings.production`` is clean with
+``direct`` or ``proxy``.
 """
 
 from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
 
-from openonce_site.env import env_bool, env_int
+from openonce_site.env import env_choice, env_int, env_str
 
 from .base import *  # noqa: F403
-from .base import SECRET_KEY
+from .base import (
+    CELERY_BROKER_URL,
+    SECRET_KEY,
+    STATE_DIR,
+    cache_from_url,
+    ledger_database,
+    state_path,
+)
 
-if len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5:
+if len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5 or SECRET_KEY.startswith("django-insecure"):
     raise ImproperlyConfigured(
         "OPENONCE_SECRET_KEY must be set to a long random value in production"
         ' (python -c "import secrets; print(secrets.token_urlsafe(64))")'
     )
-DEBUG = False
-SESSION_COOKIE_SECURE = True
-CSRF_COOKIE_SECURE = True
+DEBUG = False  # not read from the environment: nothing here can turn the debug page on
+
+# No silent default ledger: a production process on a stray SQLite file would look
+# healthy while agents write elsewhere.
+OPENONCE_DATABASE, _ledger = ledger_database(None)
+DATABASES = {"default": _ledger}
+
+# Sign-in throttling must count across every gunicorn worker: Redis (the broker's, under
+# its own key prefix, unless OPENONCE_CACHE_URL names another).
+OPENONCE_CACHE_URL = env_str("OPENONCE_CACHE_URL", CELERY_BROKER_URL)
+CACHES = {"default": cache_from_url(OPENONCE_CACHE_URL)}
+
+STATIC_ROOT = state_path(
+    env_str("OPENONCE_STATIC_ROOT", "static"), STATE_DIR, "OPENONCE_STATIC_ROOT"
+)
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = False  # serve what collectstatic wrote, never the source tree
+
+OPENONCE_TLS = env_choice("OPENONCE_TLS", ("direct", "proxy", "off"), "direct")
+OPENONCE_BEHIND_PROXY = OPENONCE_TLS == "proxy"
+if OPENONCE_BEHIND_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+HTTPS = OPENONCE_TLS != "off"
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_SSL_REDIRECT = HTTPS
+SECURE_HSTS_SECONDS = env_int("OPENONCE_HSTS_SECONDS", 31536000) if HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
+SECURE_HSTS_PRELOAD = HTTPS
 SESSION_COOKIE_HTTPONLY = True
-SECURE_SSL_REDIRECT = env_bool("OPENONCE_SSL_REDIRECT", True)
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-SECURE_HSTS_SECONDS = env_int("OPENONCE_HSTS_SECONDS", 31536000)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = True
-SECURE_HSTS_PRELOAD = True
-SECURE_CONTENT_TYPE_NOSNIFF = True
-SECURE_REFERRER_POLICY = "same-origin"
-X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_AGE = 8 * 3600  # a working day
-# The load balancer's health check speaks plain HTTP inside the network.
+# Health checks and monitors speak plain HTTP inside the network.
 SECURE_REDIRECT_EXEMPT = [r"^health/$"]
