@@ -47,7 +47,7 @@ from .failures import contains_secret, describe, last_error, rebuild, scrub, sto
 from .keys import Call, provider_key
 from .leases import LeaseKeeper, dead_owner
 from .ledger import Ledger, Then
-from .observe import EffectEvent, Observer, notify
+from .observe import EffectEvent, Observer, begin, notify
 from .policy import Policy
 from .records import Effect, new_effect_id
 from .states import EffectState
@@ -104,6 +104,7 @@ class CallPath:
     ) -> Any:
         trace = _Trace()
         started = time.monotonic()
+        scopes = begin(self.observers, call.tool) if self.observers else None
         try:
             return self._settle(call, trace, loop, context)
         except BaseException as exc:
@@ -125,6 +126,8 @@ class CallPath:
                         self.clock.now() - elapsed, elapsed, trace.error,
                     ),
                 )  # fmt: skip
+            if scopes is not None:
+                scopes.close()
 
     def _settle(
         self,

@@ -10,6 +10,7 @@ after the ledger write; one that raises is logged and ignored, never the call's 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +44,20 @@ class EffectEvent:
 
 
 Observer = Callable[[EffectEvent], None]
+# An observer may also have ``begin(tool) -> context manager``: entered for the whole call,
+# so a tracer's span is current while the handler runs (its own spans nest inside).
+
+
+def begin(observers: tuple[Observer, ...], tool: str) -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    for observer in observers:
+        start = getattr(observer, "begin", None)
+        if start is not None:
+            try:
+                stack.enter_context(start(tool))
+            except Exception:
+                log.exception("openonce observer %r failed to begin a call", observer)
+    return stack
 
 
 def notify(observers: tuple[Observer, ...], event: EffectEvent) -> None:
