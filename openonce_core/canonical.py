@@ -18,6 +18,9 @@ from .errors import FloatInKeyMaterialError, InvalidArgumentsError
 # I-JSON (RFC 7493): integers beyond 2**53 lose precision in other JSON readers, so two
 # different amounts could share a key. Key material refuses them.
 MAX_SAFE_INTEGER = 2**53 - 1
+# Anywhere else an integer may be large (wei amounts, 64-bit ids), but not absurd: Python
+# refuses to print one of more than 4,300 digits, so such a value could not be stored.
+MAX_INTEGER = 10**100
 
 _encode_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
@@ -37,6 +40,8 @@ def check_json(value: Any, path: str = "$", *, key_material: bool = False, depth
     if kind is int:
         if key_material and abs(value) > MAX_SAFE_INTEGER:
             raise InvalidArgumentsError(path, "integer beyond 2**53-1 cannot be key material")
+        if abs(value) >= MAX_INTEGER:
+            raise InvalidArgumentsError(path, "integer of more than 100 digits is not stored")
         return
     if kind is float:
         if key_material:
