@@ -28,21 +28,28 @@ _encode_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
 MAX_DEPTH = 64  # deeper nesting is refused with a clear error, not a RecursionError
 
 
-def check_json(value: Any, path: str = "$", *, key_material: bool = False, depth: int = 0) -> None:
-    """Raise InvalidArgumentsError naming ``path`` unless ``value`` is strict JSON."""
+def check_json(
+    value: Any, path: str = "$", *, key_material: bool = False, depth: int = 0
+) -> bool:
+    """Raise InvalidArgumentsError naming ``path`` unless ``value`` is strict JSON.
+
+    Returns whether ``value`` is *plain*: no floats and no object key beyond the Basic
+    Multilingual Plane. For a plain value, RFC 8785 text is exactly what the json module
+    writes with sorted keys, so :func:`canonical` can let C do it."""
     if depth > MAX_DEPTH:
         raise InvalidArgumentsError(path, f"nested deeper than {MAX_DEPTH} levels")
     kind = type(value)
-    if value is None or kind is bool or kind is str:
-        if kind is str:
-            _check_string(value, path)
-        return
+    if kind is str:
+        _check_string(value, path)
+        return True
+    if value is None or kind is bool:
+        return True
     if kind is int:
         if key_material and abs(value) > MAX_SAFE_INTEGER:
             raise InvalidArgumentsError(path, "integer beyond 2**53-1 cannot be key material")
         if abs(value) >= MAX_INTEGER:
             raise InvalidArgumentsError(path, "integer of more than 100 digits is not stored")
-        return
+        return True
     if kind is float:
         if key_material:
             raise FloatInKeyMaterialError(
@@ -50,18 +57,21 @@ def check_json(value: Any, path: str = "$", *, key_material: bool = False, depth
             )
         if not math.isfinite(value):
             raise InvalidArgumentsError(path, f"{value!r} is not JSON")
-        return
+        return False
+    plain = True
     if kind is list:
         for i, item in enumerate(value):
-            check_json(item, f"{path}[{i}]", key_material=key_material, depth=depth + 1)
-        return
+            plain &= check_json(item, f"{path}[{i}]", key_material=key_material, depth=depth + 1)
+        return plain
     if kind is dict:
         for k, item in value.items():
             if type(k) is not str:
                 raise InvalidArgumentsError(path, f"key {k!r} is not a string")
             _check_string(k, path)
-            check_json(item, f"{path}.{k}", key_material=key_material, depth=depth + 1)
-        return
+            if not k.isascii() and max(k) > "\uffff":
+                plain = False  # JCS orders such keys by UTF-16 code units
+            plain &= check_json(item, f"{path}.{k}", key_material=key_material, depth=depth + 1)
+        return plain
     raise InvalidArgumentsError(
         path, f"{kind.__name__} is not strict JSON; convert it explicitly at the call site"
     )
@@ -74,11 +84,19 @@ def _check_string(s: str, path: str) -> None:
         raise InvalidArgumentsError(path, "string holds a lone surrogate") from None
 
 
-def canonical(value: Any) -> str:
-    """RFC 8785 text of an already checked value (no floats: key material has none)."""
+def canonical(value: Any, *, plain: bool = False) -> str:
+    """RFC 8785 text of an already checked value (no floats: key material has none).
+    ``plain``: :func:`check_json` said so, and the json module writes the same text."""
+    if plain:
+        return _plain_dumps(value)
     parts: list[str] = []
     _write(value, parts)
     return "".join(parts)
+
+
+_plain_dumps = json.JSONEncoder(
+    ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
+).encode
 
 
 def _write(value: Any, out: list[str]) -> None:
@@ -118,8 +136,8 @@ def _utf16_order(key: str) -> bytes:
     return key.encode("utf-16-be")
 
 
-def fingerprint(value: Any) -> str:
-    return "sha256:" + hashlib.sha256(canonical(value).encode("utf-8")).hexdigest()
+def fingerprint(value: Any, *, plain: bool = False) -> str:
+    return "sha256:" + hashlib.sha256(canonical(value, plain=plain).encode("utf-8")).hexdigest()
 
 
 def secret_digest(value: Any, pepper: bytes | None) -> str:

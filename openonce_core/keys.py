@@ -131,8 +131,9 @@ def prepare(
 ) -> Call:
     arguments = bind(spec, args, kwargs)
     derived_from_all = spec.idempotency_key is None and spec.idempotency_fields is None
+    plain = False
     if not derived_from_all:
-        check_json(arguments)  # else the key-material check below covers every argument
+        plain = check_json(arguments)  # else the key-material check below covers them all
     stored = arguments
     secrets: tuple[str, ...] = ()
     if spec.secret_fields:
@@ -154,7 +155,8 @@ def prepare(
                 " fields, or use idempotency_fields (secret fields enter it as digests)",
             )
         # Explicit keys are global; the whole argument set must match on reuse.
-        return Call(spec, args, kwargs, stored, key, fingerprint(stored), scope, secrets)
+        full = fingerprint(stored, plain=plain)
+        return Call(spec, args, kwargs, stored, key, full, scope, secrets)
     if scope is None:
         raise ScopeRequiredError(
             f"{spec.tool}: a key derived from arguments needs a run scope;"
@@ -162,14 +164,15 @@ def prepare(
         )
     # Checked on the clear values, so a float stays refused even in a secret field.
     if derived_from_all:
-        check_json(arguments, key_material=True)
-        digest = _sha256(canonical(stored))
+        plain = check_json(arguments, key_material=True)
+        digest = _sha256(canonical(stored, plain=plain))
         full = "sha256:" + digest
     else:
         fields = spec.idempotency_fields or ()
+        key_fields = {f: stored[f] for f in fields}
         check_json({f: arguments[f] for f in fields}, key_material=True)
-        digest = _sha256(canonical({f: stored[f] for f in fields}))
-        full = fingerprint(stored)
+        digest = _sha256(canonical(key_fields, plain=check_json(key_fields)))
+        full = fingerprint(stored, plain=plain)
     key = _sha256(f"{scope}\0{digest}")
     return Call(spec, args, kwargs, stored, key, full, scope, secrets)
 

@@ -24,6 +24,7 @@ Leases and every other time the core writes come from the database's own clock
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
@@ -78,9 +79,15 @@ class ConnectionPool:
 
     def _reset(self) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._idle: list[tuple[psycopg.Connection[Any], Any, float]] = []
+        # Idle connections, newest last. append/pop on a deque need no lock, so lending and
+        # returning take no lock at all while connections are free; the condition is only
+        # for opening a new one and for waiting when all are lent.
+        self._idle: collections.deque[tuple[psycopg.Connection[Any], Any, float]] = (
+            collections.deque()
+        )
         self._open: set[psycopg.Connection[Any]] = set()
-        self._size = 0
+        self._size = 0  # open connections, lent or idle (changed under the condition)
+        self._waiting = 0  # threads waiting for one (changed under the condition)
         self._closed = False
 
     def _default_connect(self) -> psycopg.Connection[Any]:
@@ -96,21 +103,35 @@ class ConnectionPool:
         )
 
     def get(self) -> tuple[psycopg.Connection[Any], Any]:
+        while True:
+            try:
+                conn, cur, since = self._idle.pop()
+            except IndexError:
+                break
+            if conn.closed or conn.broken or time.monotonic() - since > self.max_idle:
+                self._discard(conn)
+                continue
+            return conn, cur
+        return self._get_slow()
+
+    def _get_slow(self) -> tuple[psycopg.Connection[Any], Any]:
         deadline = time.monotonic() + self.timeout
-        stale: list[psycopg.Connection[Any]] = []
-        try:
-            with self._cond:
+        with self._cond:
+            self._waiting += 1
+            try:
                 while True:
                     if self._closed:
                         raise psycopg.OperationalError("the ledger store is closed")
-                    while self._idle:
-                        conn, cur, since = self._idle.pop()
-                        if conn.closed or conn.broken or time.monotonic() - since > self.max_idle:
-                            stale.append(conn)
-                            self._open.discard(conn)
-                            self._size -= 1
-                            continue
-                        return conn, cur
+                    try:
+                        conn, cur, _ = self._idle.pop()  # returned while we took the lock
+                        if not (conn.closed or conn.broken):
+                            return conn, cur
+                        self._open.discard(conn)
+                        self._size -= 1
+                        _close_quietly(conn)
+                        continue
+                    except IndexError:
+                        pass
                     if self._size < self.max_size:
                         self._size += 1
                         break
@@ -120,9 +141,8 @@ class ConnectionPool:
                             f"no ledger connection was free within {self.timeout:g}s"
                             f" (max_size={self.max_size}); raise max_size or lower concurrency"
                         )
-        finally:
-            for conn in stale:
-                _close_quietly(conn)
+            finally:
+                self._waiting -= 1
         try:
             conn = self._connect()
         except BaseException:
@@ -135,17 +155,21 @@ class ConnectionPool:
         return conn, conn.cursor()
 
     def put(self, conn: psycopg.Connection[Any], cur: Any, *, broken: bool = False) -> None:
+        if broken or conn.closed or conn.broken or self._closed:
+            self._discard(conn)
+            return
+        self._idle.append((conn, cur, time.monotonic()))
+        if self._waiting:  # read after the append: a waiter that missed it is notified
+            with self._cond:
+                self._cond.notify()
+
+    def _discard(self, conn: psycopg.Connection[Any]) -> None:
         with self._cond:
-            if broken or conn.closed or conn.broken or self._closed:
+            if conn in self._open:
                 self._open.discard(conn)
                 self._size -= 1
-                drop = True
-            else:
-                self._idle.append((conn, cur, time.monotonic()))
-                drop = False
             self._cond.notify()
-        if drop:
-            _close_quietly(conn)
+        _close_quietly(conn)
 
     def close(self) -> None:
         with self._cond:

@@ -81,39 +81,43 @@ class SQLiteStore(sql.SQLStore):
         conn.execute(f"PRAGMA synchronous={self.synchronous}")
         return conn
 
+    def _conn(self) -> sqlite3.Connection:
+        try:
+            return self._local.conn  # type: ignore[no-any-return]
+        except AttributeError:
+            pass
+        if self._pid != os.getpid():  # forked without os.register_at_fork (rare)
+            self.after_fork()
+        conn = self._local.conn = self._open()
+        with self._conns_lock:
+            self._conns.append(conn)
+        return conn
+
     @contextlib.contextmanager
     def _use(self) -> Iterator[sqlite3.Connection]:
-        conn = getattr(self._local, "conn", None)
-        if conn is None or self._pid != os.getpid():
-            if self._pid != os.getpid():  # forked without os.register_at_fork (rare)
-                self.after_fork()
-            conn = self._local.conn = self._open()
-            with self._conns_lock:
-                self._conns.append(conn)
-        yield conn
+        """This thread's connection, for a few statements of its own."""
+        yield self._conn()
 
     def _one(self, query: str, params: Sequence[Any]) -> Any:
-        with self._use() as conn:
-            return conn.execute(query, params).fetchone()
+        return self._conn().execute(query, params).fetchone()
 
     def _all(self, query: str, params: Sequence[Any]) -> list[Any]:
-        with self._use() as conn:
-            return conn.execute(query, params).fetchall()
+        return self._conn().execute(query, params).fetchall()
 
     def _write(self, work: Callable[[sqlite3.Connection], bool]) -> bool:
-        with self._use() as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                done = work(conn)
-                conn.execute("COMMIT" if done else "ROLLBACK")
-            except BaseException:
-                # Also when COMMIT itself failed: leave no transaction open behind us, or
-                # every later BEGIN on this connection would fail.
-                if conn.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute("ROLLBACK")
-                raise
-            return done
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            done = work(conn)
+            conn.execute("COMMIT" if done else "ROLLBACK")
+        except BaseException:
+            # Also when COMMIT itself failed: leave no transaction open behind us, or
+            # every later BEGIN on this connection would fail.
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        return done
 
     # -- schema ---------------------------------------------------------------------------
 
@@ -126,11 +130,8 @@ class SQLiteStore(sql.SQLStore):
         return schema.SCHEMA_VERSION
 
     def schema_version(self) -> int:
-        with self._use() as conn:
-            exists = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE name = 'openonce_schema'"
-            ).fetchone()
-            return schema.current_version(conn.cursor()) if exists else 0
+        exists = self._one("SELECT 1 FROM sqlite_master WHERE name = 'openonce_schema'", ())
+        return schema.current_version(self._conn().cursor()) if exists else 0
 
     # -- writes (called by openonce_core.ledger only) -----------------------------------------
 
@@ -235,7 +236,7 @@ class InMemoryStore(SQLiteStore):
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._lock = threading.RLock()
-        self._conn: sqlite3.Connection | None = None
+        self._conn_shared: sqlite3.Connection | None = None
         super().__init__(":memory:", clock=clock)
         self.migrate()
 
@@ -252,12 +253,31 @@ class InMemoryStore(SQLiteStore):
     def _open(self) -> sqlite3.Connection:
         return sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
 
+    def _conn(self) -> sqlite3.Connection:
+        if self._conn_shared is None:
+            self._conn_shared = self._open()
+        return self._conn_shared
+
     @contextlib.contextmanager
     def _use(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            if self._conn is None:
-                self._conn = self._open()
-            yield self._conn
+            yield self._conn()
+
+    def _one(self, query: str, params: Sequence[Any]) -> Any:
+        with self._lock:
+            return super()._one(query, params)
+
+    def _all(self, query: str, params: Sequence[Any]) -> list[Any]:
+        with self._lock:
+            return super()._all(query, params)
+
+    def _write(self, work: Callable[[sqlite3.Connection], bool]) -> bool:
+        with self._lock:
+            return super()._write(work)
+
+    def schema_version(self) -> int:
+        with self._lock:
+            return super().schema_version()
 
     def watch(self, effect_id: str) -> Watch:
         return Watch(self.board, effect_id, self.clock)

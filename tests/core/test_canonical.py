@@ -281,3 +281,44 @@ def test_secret_digest_with_a_pepper_is_an_hmac():
 def test_secret_digest_of_structured_values_follows_canonical_text():
     assert secret_digest({"b": 1, "a": 2}, None) == secret_digest({"a": 2, "b": 1}, None)
     assert secret_digest([1, 2], None) != secret_digest([2, 1], None)
+
+
+def test_the_fast_path_writes_exactly_the_rfc_8785_text():
+    """For plain values (no floats, no key beyond the BMP) canonical() lets the json module
+    write the text; it must be byte for byte what the RFC 8785 writer produces, or keys
+    of existing ledgers would change."""
+    import random
+
+    from openonce_core.canonical import canonical, check_json
+
+    rng = random.Random(8785)
+    alphabet = ["a", "Z", "0", " ", '"', "\\", "/", "\x00", "\x1f", "\x7f", "é", "€", "\u2028",
+                "\ufeff", "日", "\u202e", "\U0001f600"]  # fmt: skip
+
+    def text() -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(6)))
+
+    def value(depth: int = 0) -> object:
+        kind = rng.randrange(7 if depth < 3 else 4)
+        if kind == 0:
+            return text()
+        if kind == 1:
+            return rng.choice([0, -1, 2**53 - 1, -(2**40), 10**30])
+        if kind == 2:
+            return rng.choice([True, False, None])
+        if kind == 3:
+            return ""
+        if kind == 4:
+            return [value(depth + 1) for _ in range(rng.randrange(4))]
+        return {text(): value(depth + 1) for _ in range(rng.randrange(4))}
+
+    checked = 0
+    for _ in range(3000):
+        v = value()
+        plain = check_json(v)
+        if plain:
+            checked += 1
+        assert canonical(v, plain=plain) == canonical(v)
+    assert checked > 1000
+    assert not check_json({"\U0001f600": 1})  # ordered by UTF-16 units: the slow path
+    assert not check_json([1.5])
