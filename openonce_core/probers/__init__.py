@@ -22,7 +22,7 @@ When the provider cannot be asked, the probe raises instead of answering: a
 403, an untrusted certificate), so the reconciler can back off or mark the prober failing
 rather than send the effect to a person. A malformed answer is INCONCLUSIVE ("could not
 verify" is not "did not happen"). The HTTP clients share a per-process
-:class:`RateLimiter` per provider (Stripe 20 reads/s, GitHub 5/s by default) that also
+:class:`RateLimiter` per provider (Stripe 18 reads/s, GitHub 5/s by default) that also
 stops every probe of that provider while the provider asked us to wait.
 """
 
