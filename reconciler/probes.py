@@ -217,3 +217,9 @@ def record_prober_failures(failures: Mapping[str, str]) -> None:
         row.reason = str(reason)[:1000]
         row.last_failure_at = now
         row.save()
+
+
+def flush_discard() -> None:
+    """Forget samples not yet written (tests that switch databases)."""
+    with _lock:
+        _samples.clear()
