@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from openonce_site.env import (
     database_from_url,
@@ -181,8 +181,15 @@ CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 # The tick has its own queue, so it never waits behind a backlog of batches in theirs. A
 # worker consumes both unless told otherwise; `celery worker -Q openonce.tick` is a
 # dedicated tick worker, `-Q openonce.batches` a batch-only one.
-CELERY_TASK_QUEUES = (Queue("openonce.tick"), Queue("openonce.batches"))
+CELERY_TASK_QUEUES = tuple(
+    # Each queue its own exchange and key: a bare Queue(name) would bind to the default
+    # exchange and key, and both queues would receive every batch.
+    Queue(name, Exchange(name, type="direct"), routing_key=name)
+    for name in ("openonce.tick", "openonce.batches")
+)
 CELERY_TASK_DEFAULT_QUEUE = "openonce.batches"
+CELERY_TASK_DEFAULT_EXCHANGE = "openonce.batches"
+CELERY_TASK_DEFAULT_ROUTING_KEY = "openonce.batches"
 CELERY_TASK_ROUTES = {
     "openonce.tick": {"queue": "openonce.tick"},
     "openonce.reconcile_batch": {"queue": "openonce.batches"},
