@@ -157,7 +157,10 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1  # a dead worker holds at most one unacked
 # Redis redelivers unacked messages after visibility_timeout; a task still running then
 # would run twice, and an ETA beyond it repeats forever (celery #2599, kombu #337). Keep
 # time limits and countdowns far below it.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+# "priority": a worker that frees up looks at the queues in CELERY_TASK_QUEUES order, the
+# tick's first, instead of round-robin: a tick is taken by the next free pool process
+# (round-robin let ticks expire behind a backlog, one discarded per turn).
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "queue_order_strategy": "priority"}
 CELERY_TASK_TIME_LIMIT = env_float("OPENONCE_TASK_TIME_LIMIT", 300.0, positive=True)
 # A batch stops taking effects in time to finish before this (reconciler.sweep), so the
 # soft limit is a backstop and the hard limit never kills a worker child mid-probe.

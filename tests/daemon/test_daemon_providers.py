@@ -84,6 +84,8 @@ def test_a_thousand_unknown_effects_drain_under_a_20_per_second_limit(
     # requests in flight: 2 x 8/s.
     env = stripe_env(daemon, stripe, OPENONCE_TEST_STRIPE_RPS="8")
     daemon.worker("worker", env=env, concurrency=2, loglevel="warning")
+    # A dedicated tick worker (README): sweeps go on while both batch processes are busy.
+    daemon.worker("tick-worker", env=env, concurrency=1, loglevel="warning", queues="openonce.tick")
     daemon.beat("beat", env=env)
     started = time.monotonic()
     wait_until(
@@ -99,6 +101,9 @@ def test_a_thousand_unknown_effects_drain_under_a_20_per_second_limit(
         f" {len(requests) / drained:.1f}/s on average; statuses {stripe.statuses()}"
     )
     assert states == Counter({"committed": 1000})
+    sweeps = [s for s in daemon.ledger.sweeps() if s["source"] == "beat"]
+    log(f"{len(sweeps)} sweeps recorded during the {drained:.0f}s drain")
+    assert len(sweeps) >= drained / 3  # ticks every second did not wait behind batches
     assert peak <= 20
     assert stripe.statuses().get(429, 0) == 0  # the client kept under the limit
     assert daemon.ledger.count_state("human_review") == 0
