@@ -101,6 +101,9 @@ class EmailMessageIdProber:
         self.index_lag_seconds = index_lag_seconds
         self.clock = clock
         self.capability = "email_provider_api" if authoritative else "email_smtp"
+        # Names this prober in health and metrics: the store's own name ("imap"), if any.
+        provider = getattr(client, "provider", None)
+        self.provider = provider if isinstance(provider, str) else "email"
 
     @classmethod
     def from_imap(
@@ -217,6 +220,7 @@ class ImapSentFolder:
     """
 
     max_hits = 20
+    provider = PROVIDER
 
     def __init__(
         self,

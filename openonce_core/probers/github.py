@@ -84,6 +84,7 @@ class GitHubPullRequestProber:
     """Probes ``github.create_pr`` effects by owner/repo/head (see module doc)."""
 
     capability = "github_pr"
+    provider = PROVIDER  # names this prober in health and metrics
 
     def __init__(self, client: PullRequestClient, *, sha_arg: str = "head_sha") -> None:
         self.client = client

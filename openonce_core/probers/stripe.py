@@ -142,6 +142,7 @@ class StripeProber:
     """
 
     capability = "stripe"
+    provider = PROVIDER  # names this prober in health and metrics
 
     def __init__(
         self,
