@@ -28,11 +28,14 @@ from celery import Task, shared_task
 from celery.signals import beat_init
 from django.conf import settings
 from django.db import DatabaseError
+from django.db.models import F
 from django.utils import timezone
 
+from openonce_core.reconcile import ReconcileReport
+
 from . import deliveries
-from .models import DaemonStart
-from .sweep import run_batch, sweep
+from .models import DaemonStart, Sweep
+from .sweep import record_report, run_batch, sweep
 
 log = logging.getLogger("openonce.reconciler")
 
@@ -91,6 +94,13 @@ def batch_margin(soft_limit: float) -> float:
 
 def _quarantine(task_id: str, ids: list[str], sweep_id: int | None) -> None:
     limit = settings.OPENONCE_TASK_MAX_DELIVERIES
+    if sweep_id is not None:
+        # This delivery ends the batch without reconciling it: it still reports to its
+        # sweep (as one more batch per single-effect message it queues), so the sweep can
+        # finish instead of reading as workers that stopped draining the queue.
+        if len(ids) > 1:
+            Sweep.objects.filter(pk=sweep_id).update(batches=F("batches") + len(ids))
+        record_report(sweep_id, ReconcileReport())
     if len(ids) > 1:
         # Isolate the effect that kills workers: one message per effect.
         deliveries.mark_split(task_id)

@@ -308,6 +308,11 @@ def test_reconcile_watch_commits_and_stops_cleanly_on_sigterm(fresh_ledger, tmp_
             assert [j.actor for j in oo.journal(eid) if j.from_state == "unknown"] == [ACTOR]
         finally:
             oo.close()
+        # The batch reports to its sweep record just after its decisions are committed.
+        wait_until(
+            lambda: sum(r["committed"] for r in sweeps(target)) == 1, 10,
+            "the sweep records the commit", interval=0.05, on_timeout=watcher.output,
+        )  # fmt: skip
         records = sweeps(target)
         assert {r["source"] for r in records} == {"watch"}
         assert sum(r["committed"] for r in records) == 1

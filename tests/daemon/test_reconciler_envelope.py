@@ -511,3 +511,22 @@ def test_json_log_lines_carry_the_effect_id(ledger, settings) -> None:
     probe_line = next(line for line in about if line["logger"] == "openonce.probe")
     assert probe_line["outcome"] == "happened" and probe_line["tool"] == "stripe.charge"
     assert {"at", "level", "logger", "message"} <= set(probe_line)
+
+
+def test_a_quarantined_delivery_still_reports_to_its_sweep(ledger, monkeypatch) -> None:
+    from reconciler import tasks
+    from reconciler.models import Sweep
+
+    queued: list[list[str]] = []
+    monkeypatch.setattr(tasks.reconcile_batch, "delay", lambda ids, sweep_id: queued.append(ids))
+    split = Sweep.objects.create(source="beat", started_at=timezone.now(), batches=1)
+    tasks._quarantine("batch-x", ["eff_a", "eff_b"], split.pk)
+    split.refresh_from_db()
+    # One batch reported (the quarantined one), two single-effect batches to come.
+    assert (split.batches, split.batches_done, split.finished_at) == (3, 1, None)
+    assert queued == [["eff_a"], ["eff_b"]]
+    single = Sweep.objects.create(source="beat", started_at=timezone.now(), batches=1)
+    tasks._quarantine("single-x", ["eff_a"], single.pk)
+    single.refresh_from_db()
+    assert (single.batches, single.batches_done) == (1, 1) and single.finished_at is not None
+    assert queued == [["eff_a"], ["eff_b"]]  # a single effect is held, not requeued
