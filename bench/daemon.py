@@ -21,6 +21,14 @@ dropped at the end, whatever happened. Usage::
 
     python bench/daemon.py [--effects N] [--workers two|one] [--sweep-limit L]
                            [--sweep-batch B] [--pg-dsn DSN] [--redis URL] [--json]
+    python bench/daemon.py --rate-limited [--provider-limit 20] [--effects 1000]
+
+``--rate-limited`` drains against a Stripe-like server on a local socket
+(tests/support/fake_stripe.py) that answers 429 above ``--provider-limit`` requests in any
+second, probed by the real ``StripeProber`` and its HTTP client, each worker process
+limited to its share of 90% of that limit. It reports probes/s, requests/s at the
+provider, the busiest second and the 429s beside the provider's limit, and the time to
+drain.
 
 The Postgres DSN (a database to connect to for ``CREATE DATABASE``) defaults to
 ``$OPENONCE_BENCH_PG``, then to ``postgresql://root@127.0.0.1:5432/test``.
@@ -43,6 +51,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 from urllib.parse import quote
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ledger import code_revision, say
 from reconcile import CREATE_THREADS, create_unknown, verify
@@ -70,6 +80,8 @@ class Outcome:
     polls: list[tuple[float, int]] = field(default_factory=list)  # (s since beat, committed)
     sweeps: dict[str, int] = field(default_factory=dict)
     checks: dict[str, dict[str, int]] = field(default_factory=dict)
+    provider_limit: int = 0  # --rate-limited: the fake provider's requests per second
+    provider: dict[str, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -86,6 +98,9 @@ class Outcome:
 
     @property
     def verdict(self) -> str:
+        if self.provider_limit:
+            ok = self.provider["peak_per_s"] <= self.provider_limit and not self.provider["429s"]
+            return "PASS" if ok else "OVER"
         return "PASS" if self.rate >= BUDGET else "BELOW"
 
     def as_dict(self) -> dict[str, Any]:
@@ -213,6 +228,7 @@ def run(args: argparse.Namespace, settings: dict[str, Any]) -> Outcome:
     redis_db = free_redis_db(broker, args.redis_db)
     broker_url = f"{args.redis.rstrip('/')}/{redis_db}"
     workdir = tempfile.mkdtemp(prefix="openonce-daemon-bench-")
+    fake = None
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENONCE_", "DJANGO_"))}
     env.update(
         DJANGO_SETTINGS_MODULE="openonce_site.settings.test",
@@ -226,6 +242,20 @@ def run(args: argparse.Namespace, settings: dict[str, Any]) -> Outcome:
         PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
     )
     outcome = Outcome(args.effects, args.workers, args.sweep_limit, args.sweep_batch, redis_db)
+    if args.rate_limited:
+        from tests.support.fake_stripe import FakeStripeServer
+
+        fake = FakeStripeServer().start()
+        fake.rate_limit = args.provider_limit
+        outcome.provider_limit = args.provider_limit
+        # Two worker processes either way; each gets its share of 90% of the limit (a
+        # margin for the jitter of requests in flight).
+        env.update(
+            OPENONCE_PROBERS="tests.support.provider_probers:PROBERS",
+            OPENONCE_TEST_STRIPE_URL=fake.url,
+            OPENONCE_TEST_STRIPE_KEY="sk_test_good",
+            OPENONCE_TEST_STRIPE_RPS=str(0.9 * args.provider_limit / 2),
+        )
     procs = Processes(workdir, env)
     created_db = False
     with psycopg.connect(args.pg_dsn, autocommit=True) as admin:
@@ -256,6 +286,12 @@ def run(args: argparse.Namespace, settings: dict[str, Any]) -> Outcome:
             outcome.created_per_s = create_unknown(oo, args.effects, CREATE_THREADS["postgres"])
         finally:
             oo.close()
+        if fake is not None:
+            with psycopg.connect(dsn) as conn:
+                for effect_id, key in conn.execute(
+                    "SELECT id, provider_key FROM openonce_effects"
+                ).fetchall():
+                    fake.add("payment_intents", key, effect_id=effect_id)
 
         redis_client = redis.Redis.from_url(broker_url)
         redis_client.flushdb()
@@ -296,6 +332,14 @@ def run(args: argparse.Namespace, settings: dict[str, Any]) -> Outcome:
                     raise RuntimeError(f"not drained after {args.timeout:.0f} s: {states}")
                 say(f"  {elapsed:6.1f} s: {committed:,}/{args.effects:,} committed")
             outcome.drain_s = time.monotonic() - started
+            if fake is not None:
+                requests = len(fake.seen())
+                outcome.provider = {
+                    "requests": requests,
+                    "requests_per_s": requests / outcome.drain_s,
+                    "peak_per_s": fake.max_in_window(1.0),
+                    "429s": fake.statuses().get(429, 0),
+                }
             first, last = conn.execute(
                 "SELECT min(at), max(at) FROM openonce_journal WHERE to_state = 'committed'"
             ).fetchone()  # type: ignore[misc]
@@ -323,6 +367,8 @@ def run(args: argparse.Namespace, settings: dict[str, Any]) -> Outcome:
         return outcome
     finally:
         procs.stop_all()
+        if fake is not None:
+            fake.stop()
         try:
             redis.Redis.from_url(broker_url).flushdb()
         except redis.RedisError as exc:
@@ -358,6 +404,8 @@ def render(o: Outcome, settings: dict[str, Any], notes: list[str]) -> str:
         if o.workers == "two"
         else "1 worker x --concurrency 2 (prefork)"
     )
+    if o.provider_limit:
+        return _render_rate_limited(o, settings, workers, notes)
     out = [
         "OpenOnce reconciler daemon (Celery beat + workers) draining a backlog of due UNKNOWN"
         " effects, from beat start",
@@ -401,6 +449,39 @@ def render(o: Outcome, settings: dict[str, Any], notes: list[str]) -> str:
     return "\n".join(out)
 
 
+def _render_rate_limited(
+    o: Outcome, settings: dict[str, Any], workers: str, notes: list[str]
+) -> str:
+    pv = o.provider
+    out = [
+        "OpenOnce reconciler daemon draining a backlog against a rate-limited Stripe-like API"
+        " (real StripeProber over HTTP, 429 above the limit)",
+        f"machine: {os.cpu_count()} cores, {platform.system()} {platform.release()},"
+        f" Python {platform.python_version()}; code: {settings['revision']}",
+        f"celery: {workers} + 1 beat; each process limited to"
+        f" {0.9 * o.provider_limit / 2:g} requests/s (90% of the limit, shared out)",
+        "",
+    ]
+    header = (
+        f"{'effects':>8}{'drain s':>9}{'probes/s':>10}{'req/s':>8}{'peak 1s':>9}"
+        f"{'limit/s':>9}{'429s':>6}  verdict"
+    )
+    out += [header, "-" * len(header)]
+    out.append(
+        f"{o.effects:>8,}{o.drain_s:>9.2f}{o.rate:>10.1f}{pv['requests_per_s']:>8.1f}"
+        f"{pv['peak_per_s']:>9.0f}{o.provider_limit:>9}{pv['429s']:>6.0f}  {o.verdict}"
+    )
+    out += [
+        "probes/s = effects / drain s; req/s = requests the provider saw / drain s; peak 1s ="
+        " the most requests in any one second; PASS = peak <= limit and no 429",
+        f"requests at the provider: {pv['requests']:,.0f} for {o.effects:,} effects",
+        "sweeps (reconciler_sweep): " + "; ".join(f"{k} {v:,}" for k, v in o.sweeps.items()),
+        "exactly once: " + "; ".join(f"{k} {v:,}" for k, v in o.checks.get("daemon", {}).items()),
+    ]
+    out += [f"note: {n}" for n in notes]
+    return "\n".join(out)
+
+
 def _thinned(polls: list[tuple[float, int]], most: int = 12) -> list[tuple[float, int]]:
     step = max(1, -(-len(polls) // most))
     picked = polls[::step]
@@ -433,7 +514,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="give up after (s)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the Celery logs")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--rate-limited", action="store_true",
+        help="probe a local Stripe-like API that answers 429 above --provider-limit",
+    )  # fmt: skip
+    parser.add_argument(
+        "--provider-limit", type=int, default=20, help="the fake provider's requests/s"
+    )
     args = parser.parse_args(argv)
+    if args.rate_limited and "--effects" not in " ".join(argv or sys.argv):
+        args.effects = 1000
     if args.effects < 1 or args.sweep_limit < 1 or args.sweep_batch < 1:
         parser.error("--effects, --sweep-limit and --sweep-batch must be at least 1")
 

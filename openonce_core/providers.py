@@ -222,16 +222,28 @@ BUILTIN_CAPABILITIES: tuple[Capability, ...] = (
         tool_pattern="stripe.*",
         tier=TIER_1_NATIVE_IDEMPOTENCY_KEY,
         key_strategy="provider_key sent as the Stripe Idempotency-Key; effect metadata stamped",
-        probe_basis="metadata search (+24h provider-key dedup backstop)",
-        miss_semantics="inconclusive inside the index lag window, then not-happened",
+        probe_basis=(
+            "metadata search of PaymentIntents, or of Charges where the tool creates Charges"
+            " (Stripe-Version pinned, Stripe-Account for Connect); Refunds are not searchable:"
+            " the refunds of the charge or payment_intent named in the args are listed and"
+            " matched by metadata (+24h provider-key dedup backstop)"
+        ),
+        miss_semantics=(
+            "inconclusive inside the index lag window, then not-happened; a refund-list miss"
+            " (a primary-store read, no index lag) is not-happened past the grace window"
+        ),
         can_auto_rearm_on_miss=True,
         default_grace_seconds=120,
         prober="StripeProber",
         handler_requirements=(
             "pass current_effect().provider_key as Stripe Idempotency-Key",
             "stamp effect_metadata(current_effect()) on the created object",
+            "a refund tool passes the refunded charge or payment_intent id in its args",
         ),
-        risk="low: Stripe dedups the key for 24h; the search index lags writes",
+        risk=(
+            "low: Stripe dedups the key for 24h; the search index lags writes; search reads"
+            " are limited to about 20/s per account"
+        ),
         required_receipt_fields=("stripe_id",),
     ),
     Capability(
@@ -239,7 +251,11 @@ BUILTIN_CAPABILITIES: tuple[Capability, ...] = (
         tool_pattern="github.create_pr",
         tier=TIER_2_NATURAL_BUSINESS_KEY,
         key_strategy="natural key owner/repo/head: one open PR per head branch",
-        probe_basis="authoritative primary-store read of pull requests by owner:head",
+        probe_basis=(
+            "authoritative primary-store read of pull requests by owner:head (pages"
+            " followed, rate-limit headers honoured); the head commit is compared when the"
+            " effect records head_sha"
+        ),
         miss_semantics="genuinely not-happened",
         can_auto_rearm_on_miss=True,
         default_grace_seconds=0,
@@ -247,6 +263,7 @@ BUILTIN_CAPABILITIES: tuple[Capability, ...] = (
         handler_requirements=(
             "declare owner, repo and head in idempotency_fields",
             "return the created PR number and its head in the receipt",
+            "pass head_sha (the commit pushed) in the args when known, so it is verified",
         ),
         risk="low: the pulls API reads the primary store",
         required_receipt_fields=("number", "head"),
@@ -259,7 +276,10 @@ BUILTIN_CAPABILITIES: tuple[Capability, ...] = (
         tool_pattern="email.send",
         tier=TIER_2_SENDER_CONTROLLED_AUTHORITATIVE,
         key_strategy="deterministic Message-ID derived from current_effect().provider_key",
-        probe_basis="authoritative sent-store search by Message-ID through the provider API",
+        probe_basis=(
+            "authoritative sent-store search by Message-ID through the provider API (or an"
+            " IMAP sent folder over verified TLS, found by SPECIAL-USE \\Sent)"
+        ),
         miss_semantics="not-happened once the sent store has indexed the message",
         can_auto_rearm_on_miss=True,
         default_grace_seconds=120,
@@ -276,7 +296,10 @@ BUILTIN_CAPABILITIES: tuple[Capability, ...] = (
         tool_pattern="email.send",
         tier=TIER_3_NON_AUTHORITATIVE,
         key_strategy="deterministic Message-ID derived from current_effect().provider_key",
-        probe_basis="sent-folder search by Message-ID (the copy is written by the client)",
+        probe_basis=(
+            "sent-folder search by Message-ID over verified TLS, the folder found by"
+            " SPECIAL-USE \\Sent (the copy is written by the client)"
+        ),
         miss_semantics="inconclusive forever: sent copy can fail after delivery",
         can_auto_rearm_on_miss=False,
         default_grace_seconds=120,

@@ -68,9 +68,12 @@ def get_reconciler() -> Reconciler:
     with _lock:
         reconciler = _reconcilers.get(target)
     if reconciler is None:
+        from reconciler.probes import instrument
+
         reconciler = build_reconciler(
             get_openonce(),
-            probers=settings.OPENONCE_PROBERS,
+            # Wrapped to time and log every probe for /metrics and health (reconciler.probes).
+            probers=instrument(settings.OPENONCE_PROBERS),
             require_provider_capability=settings.OPENONCE_REQUIRE_PROVIDER_CAPABILITY,
             conformance_file=settings.OPENONCE_CONFORMANCE_FILE,
             require_conformance=settings.OPENONCE_REQUIRE_CONFORMANCE,

@@ -10,6 +10,8 @@ urlpatterns = [
     path("login/", signin.sign_in, name="login"),
     # LogoutView accepts POST only, so a link or an <img> cannot sign anyone out.
     path("logout/", LogoutView.as_view(next_page="login"), name="logout"),
+    # Liveness, readiness and Prometheus metrics (reconciler.views): no sign-in.
+    path("", include("reconciler.urls")),
     path("", include("console.urls")),
 ]
 

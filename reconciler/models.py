@@ -63,3 +63,90 @@ class Sweep(models.Model):
 
     def __str__(self) -> str:
         return f"sweep {self.pk} ({self.source}) at {self.started_at:%Y-%m-%d %H:%M:%S}"
+
+
+class DaemonStart(models.Model):
+    """A beat or a ``reconcile --watch`` loop started: health gives the first sweep after
+    a start a grace period instead of calling a daemon that just came up "stopped"."""
+
+    role = models.CharField(max_length=10)  # "beat", "watch"
+    host = models.CharField(max_length=200)
+    pid = models.IntegerField()
+    started_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["-started_at"], name="daemon_start_latest")]
+
+
+class TaskDelivery(models.Model):
+    """A batch message being worked on, counted by delivery. A row that outlives its task
+    means the worker died with it (kill -9, OOM, a segfault in a driver): the broker
+    redelivers such a message forever, so after OPENONCE_TASK_MAX_DELIVERIES the next
+    delivery quarantines it instead of running it again."""
+
+    task_id = models.CharField(max_length=255, primary_key=True)
+    task_name = models.CharField(max_length=200)
+    effect_ids = models.JSONField(default=list)
+    retries = models.IntegerField(default=0)  # Celery's retry count: a retry is no redelivery
+    deliveries = models.IntegerField(default=1)
+    first_at = models.DateTimeField()
+    last_at = models.DateTimeField()
+    quarantined_at = models.DateTimeField(null=True)
+    # A quarantined batch of several effects is split into one message per effect, so
+    # only the effect that kills workers stays quarantined; the split row is history.
+    split = models.BooleanField(default=False)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["quarantined_at"],
+                name="delivery_quarantined",
+                condition=models.Q(quarantined_at__isnull=False, split=False),
+            )
+        ]
+
+
+class ProbeTally(models.Model):
+    """Probes made by the workers, by tool, outcome and provider status, with a latency
+    histogram: written by each batch, so ``/metrics`` on any web process sees every
+    worker's probes (cumulative bucket counts, Prometheus style)."""
+
+    BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+    tool = models.CharField(max_length=200)
+    outcome = models.CharField(max_length=20)
+    status = models.CharField(max_length=20)
+    count = models.BigIntegerField(default=0)
+    seconds_sum = models.FloatField(default=0.0)
+    le_0_05 = models.BigIntegerField(default=0)
+    le_0_1 = models.BigIntegerField(default=0)
+    le_0_25 = models.BigIntegerField(default=0)
+    le_0_5 = models.BigIntegerField(default=0)
+    le_1 = models.BigIntegerField(default=0)
+    le_2_5 = models.BigIntegerField(default=0)
+    le_5 = models.BigIntegerField(default=0)
+    le_10 = models.BigIntegerField(default=0)
+    le_30 = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tool", "outcome", "status"], name="probe_tally_key")
+        ]
+
+    @staticmethod
+    def bucket_field(le: float) -> str:
+        return "le_" + f"{le:g}".replace(".", "_")
+
+
+class ProberStatus(models.Model):
+    """Whether a provider's prober is failing on credentials (401, a permission 403, an
+    untrusted certificate): health turns red naming the provider and the reason until a
+    probe of it succeeds again."""
+
+    provider = models.CharField(max_length=100, primary_key=True)
+    failing = models.BooleanField(default=False)
+    reason = models.TextField(default="")
+    tools = models.JSONField(default=list)
+    since = models.DateTimeField(null=True)  # when it started failing
+    last_failure_at = models.DateTimeField(null=True)
+    last_success_at = models.DateTimeField(null=True)

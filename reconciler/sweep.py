@@ -5,25 +5,37 @@ them into batches and reconciles each batch — inline, or on Celery workers. Se
 writes nothing; every decision is a fenced transition in the core, so overlapping ticks,
 two beats, a redelivered task or two workers on one batch are harmless: each effect is
 resolved once, the losers count a lost race.
+
+A batch on a worker runs against a deadline (``deadline``): it reconciles only as many
+effects as can still finish before the task's soft time limit if every probe takes its
+full timeout, and hands the rest back (``on_leftover``) to be queued as a new batch. So
+a slow provider makes batches shorter, never kills worker children at the hard limit.
+
+The ledger is read through the core (``openonce_site.ledger``), never through the console
+app's models.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import F, Min
+from django.db.models import F
 from django.utils import timezone
 
-from console.models import Effect
 from openonce_core.reconcile import ReconcileReport
-from openonce_site.ledger import get_reconciler
+from openonce_site.ledger import get_openonce, get_reconciler
 
+from . import deliveries, probes
 from .models import Sweep
 
+log = logging.getLogger("openonce.reconciler")
+
 Dispatch = Callable[[list[str], int], None]
+Leftover = Callable[[list[str]], None]
 
 
 def sweep(source: str, dispatch: Dispatch | None = None, interval: float | None = None) -> Sweep:
@@ -46,6 +58,10 @@ def sweep(source: str, dispatch: Dispatch | None = None, interval: float | None 
     due_ids = reconciler.claim_due(
         settings.OPENONCE_SWEEP_LIMIT, owner, settings.OPENONCE_DISPATCH_TTL
     )
+    # An effect whose message kept killing workers waits for a person's release.
+    held = deliveries.quarantined_effect_ids()
+    if held:
+        due_ids = [i for i in due_ids if i not in held]
     # A small backlog is still spread over several workers instead of one batch.
     size = min(settings.OPENONCE_SWEEP_BATCH, -(-len(due_ids) // settings.OPENONCE_SWEEP_SPREAD))
     batches = list(_chunks(due_ids, max(1, size)))
@@ -67,12 +83,58 @@ def claim_owner(sweep_id: int) -> str:
     return f"sweep:{sweep_id}"
 
 
+def per_effect_budget() -> float:
+    """The longest one effect can take: its prober (OPENONCE_PROBERS registers one per
+    tool) may use the whole probe timeout; half a second more for the ledger writes."""
+    return float(settings.OPENONCE_PROBE_TIMEOUT) + 0.5
+
+
 def run_batch(
-    effect_ids: list[str], sweep_id: int | None, task_id: str | None = None
+    effect_ids: list[str],
+    sweep_id: int | None,
+    task_id: str | None = None,
+    *,
+    deadline: float | None = None,
+    on_leftover: Leftover | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> ReconcileReport:
+    """Reconcile these effects; with a ``deadline`` (a ``clock`` time), stop taking new
+    effects when the next one might not finish before it, and hand the rest to
+    ``on_leftover``."""
     owner = claim_owner(sweep_id) if sweep_id is not None else None
     claimer = f"task:{task_id}" if task_id else None
-    report = get_reconciler().reconcile_ids(effect_ids, dispatched_by=owner, claimer=claimer)
+    reconciler = get_reconciler()
+    report = ReconcileReport()
+    todo = list(effect_ids)
+    budget = per_effect_budget()
+    try:
+        while todo:
+            if deadline is None:
+                chunk, todo = todo, []
+            else:
+                fits = int((deadline - clock()) // budget)
+                if fits < 1:
+                    break
+                chunk, todo = todo[:fits], todo[fits:]
+            report.merge(reconciler.reconcile_ids(chunk, dispatched_by=owner, claimer=claimer))
+    finally:
+        probes.flush()
+    if todo:
+        log.warning(
+            "batch stopped before its deadline with %d of %d effects left; requeued",
+            len(todo), len(effect_ids),
+            extra={"sweep_id": sweep_id, "task_id": task_id, "left": len(todo)},
+        )  # fmt: skip
+        if on_leftover is not None:
+            if sweep_id is not None:
+                # One more batch for this sweep before this one reports, so the sweep is
+                # never stamped finished while the rest still waits in the queue.
+                Sweep.objects.filter(pk=sweep_id).update(batches=F("batches") + 1)
+            on_leftover(todo)
+    failures = getattr(report, "prober_failures", None)
+    if failures:
+        probes.record_prober_failures(failures)
+    _log_decisions(report)
     if sweep_id is not None:
         record_report(sweep_id, report)
     return report
@@ -102,8 +164,20 @@ def record_report(sweep_id: int, report: ReconcileReport) -> None:
 
 
 def oldest_unknown_age() -> float | None:
-    oldest = Effect.objects.filter(state="unknown").aggregate(at=Min("updated_at"))["at"]
+    oldest = get_openonce().store.oldest_change("unknown")
     return None if oldest is None else max(0.0, time.time() - oldest)
+
+
+def _log_decisions(report: ReconcileReport) -> None:
+    for what, ids in (
+        ("expired into unknown", report.expired),
+        ("committed", report.committed),
+        ("re-armed", report.rearmed),
+        ("sent to human review", report.escalated),
+        ("left unknown for a re-probe", report.retried),
+    ):
+        for effect_id in ids:
+            log.info("effect %s %s", effect_id, what, extra={"effect_id": effect_id})
 
 
 def _chunks(items: list[str], size: int) -> Iterator[list[str]]:

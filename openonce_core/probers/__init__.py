@@ -12,14 +12,23 @@ capability             prober                               a miss (no match) is
 
 Each prober takes a small client protocol (one read method) so tests and unusual
 deployments can bring their own; ``from_api_key`` / ``from_token`` / ``from_imap`` build
-standard-library HTTP or IMAP clients. Every prober is read-only, turns any error or
-malformed answer into INCONCLUSIVE ("could not verify" is not "did not happen"), and
-binds its decisive results to the effect: the provider key, or for GitHub the natural
-key returned by ``reference_for``.
+standard-library HTTP or IMAP clients. Every prober is read-only and binds its decisive
+results to the effect: the provider key, or for GitHub the natural key returned by
+``reference_for``.
+
+When the provider cannot be asked, the probe raises instead of answering: a
+``ProbeTransientError`` (429, 5xx, timeouts, refused connections; ``retry_after`` from
+``Retry-After`` or a rate-limit reset) or a ``ProbeCredentialError`` (401, a permission
+403, an untrusted certificate), so the reconciler can back off or mark the prober failing
+rather than send the effect to a person. A malformed answer is INCONCLUSIVE ("could not
+verify" is not "did not happen"). The HTTP clients share a per-process
+:class:`RateLimiter` per provider (Stripe 18 reads/s, GitHub 5/s by default) that also
+stops every probe of that provider while the provider asked us to wait.
 """
 
 from __future__ import annotations
 
+from ._http import RateLimiter, shared_limiter
 from .email import (
     EmailMessageIdProber,
     ImapSentFolder,
@@ -29,6 +38,7 @@ from .email import (
 )
 from .github import GitHubPullRequestProber, GitHubReadError, GitHubRestClient, PullRequestClient
 from .stripe import (
+    STRIPE_VERSION,
     StripeProber,
     StripeReadError,
     StripeRestClient,
@@ -37,6 +47,7 @@ from .stripe import (
 )
 
 __all__ = [
+    "STRIPE_VERSION",
     "EmailMessageIdProber",
     "GitHubPullRequestProber",
     "GitHubReadError",
@@ -44,6 +55,7 @@ __all__ = [
     "ImapSentFolder",
     "MailStoreReadError",
     "PullRequestClient",
+    "RateLimiter",
     "SentMailClient",
     "StripeProber",
     "StripeReadError",
@@ -51,4 +63,5 @@ __all__ = [
     "StripeSearchClient",
     "effect_metadata",
     "message_id_for",
+    "shared_limiter",
 ]

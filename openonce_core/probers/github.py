@@ -14,8 +14,16 @@ So every PR must show the head the effect asked for:
 * PRs whose head does not match are ignored as unrelated; if that is all the read
   returned, it is suspicious and the result is INCONCLUSIVE;
 * several matching PRs (one closed, one reopened as new...): INCONCLUSIVE;
+* the effect knows the commit it pushed (``head_sha`` in its arguments or its execution
+  evidence) and the PR's ``head.sha`` is another: INCONCLUSIVE (someone pushed since, or
+  it is not our PR; a person looks);
 * none: NOT_HAPPENED;
-* an error (404 for a repo the token cannot see, rate limits, timeouts): INCONCLUSIVE.
+* GitHub could not be asked: the client raises a ``ProbeError``. Rate limits (403 or 429
+  with ``retry-after``, ``x-ratelimit-remaining: 0`` until ``x-ratelimit-reset``, or a
+  secondary-rate-limit message, which means at least a minute) and 5xx/timeouts are
+  ``ProbeTransientError`` and pause every GitHub probe of this process until the reset;
+  401 and a permission 403 are ``ProbeCredentialError``; 404 (a repository the token
+  cannot see) is a ``GitHubReadError``.
 
 Results are bound to the effect by :meth:`GitHubPullRequestProber.reference_for`,
 ``"owner/repo:head"``, not by the provider key: GitHub never saw that key.
@@ -23,16 +31,34 @@ Results are bound to the effect by :meth:`GitHubPullRequestProber.reference_for`
 
 from __future__ import annotations
 
-import json
 import re
-import urllib.error
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..errors import ProbeCredentialError, ProbeError, ProbeTransientError
 from ..probe import ProbeOutcome, ProbeResult
 from ..records import Effect
+from ._http import (
+    USER_AGENT,
+    RateLimiter,
+    error_message,
+    header,
+    read_json,
+    retry_after_seconds,
+    shared_limiter,
+    transport_error,
+)
+
+PROVIDER = "github"
+# GitHub asks for requests made serially, well under the secondary limits (900 points a
+# minute for REST); a token has 5,000 requests an hour. Per worker process.
+REQUESTS_PER_SECOND = 5.0
+# "If the retry-after header is absent ... wait for at least one minute" (GitHub's docs).
+SECONDARY_LIMIT_WAIT = 60.0
+API_VERSION = "2022-11-28"
 
 
 class PullRequestClient(Protocol):
@@ -47,27 +73,53 @@ class PullRequestClient(Protocol):
     def list_pulls(self, owner: str, repo: str, head: str) -> list[dict[str, Any]]: ...
 
 
-class GitHubReadError(Exception):
-    """GitHub's pull-request list could not be read; the probe stays inconclusive."""
+class GitHubReadError(ProbeError):
+    """GitHub's pull-request list could not be read; the probe observed nothing."""
+
+    def __init__(self, detail: str, *, status: int | None = None) -> None:
+        super().__init__(PROVIDER, detail, status=status)
 
 
 class GitHubPullRequestProber:
     """Probes ``github.create_pr`` effects by owner/repo/head (see module doc)."""
 
     capability = "github_pr"
+    provider = PROVIDER  # names this prober in health and metrics
 
-    def __init__(self, client: PullRequestClient) -> None:
+    def __init__(self, client: PullRequestClient, *, sha_arg: str = "head_sha") -> None:
         self.client = client
+        self.sha_arg = sha_arg
 
     @classmethod
-    def from_token(cls, token: str, *, timeout: float = 10.0) -> GitHubPullRequestProber:
-        """A prober reading GitHub's REST API with a token that can read the repository."""
-        return cls(GitHubRestClient(token, timeout=timeout))
+    def from_token(
+        cls,
+        token: str,
+        *,
+        timeout: float = 10.0,
+        requests_per_second: float = REQUESTS_PER_SECOND,
+        base_url: str = "https://api.github.com",
+    ) -> GitHubPullRequestProber:
+        """A prober reading GitHub's REST API with a token that can read the repository.
+
+        ``requests_per_second`` is this process's share of the token's limits."""
+        return cls(
+            GitHubRestClient(
+                token, base_url=base_url, timeout=timeout, requests_per_second=requests_per_second
+            )
+        )
 
     def reference_for(self, effect: Effect) -> str:
         """The natural key a decisive result is bound to: ``"owner/repo:head"``."""
         args = effect.args
         return f"{args.get('owner', '')}/{args.get('repo', '')}:{args.get('head', '')}"
+
+    def _pushed_sha(self, effect: Effect) -> str | None:
+        """The head commit the effect says it pushed, if it knows it."""
+        for source in (effect.args, effect.execution_evidence or {}):
+            value = source.get(self.sha_arg)
+            if isinstance(value, str) and value.strip():
+                return value.strip()
+        return None
 
     def probe(self, effect: Effect) -> ProbeResult:
         key = _natural_key(effect.args)
@@ -83,7 +135,15 @@ class GitHubPullRequestProber:
         where = f"{owner}/{repo} head {label}"
         try:
             pulls = self.client.list_pulls(owner, repo, label)
-        except Exception as exc:
+        except ProbeError:
+            raise  # GitHub could not be asked: the reconciler decides when to ask again
+        except (TimeoutError, ConnectionError) as exc:
+            raise ProbeTransientError(
+                PROVIDER, f"reading {where}: {type(exc).__name__}: {exc}"
+            ) from exc
+        except OSError as exc:
+            raise transport_error(PROVIDER, exc, f"reading {where}") from exc
+        except Exception as exc:  # a client's own bug: nothing observed, a person looks
             return _inconclusive(
                 f"GitHub read for {where} failed: {type(exc).__name__}: {exc}"[:500]
             )
@@ -128,6 +188,21 @@ class GitHubPullRequestProber:
         state = pull.get("state")
         if isinstance(state, str):
             observed["state"] = state
+        pushed = self._pushed_sha(effect)
+        head_info = pull.get("head")
+        sha = head_info.get("sha") if isinstance(head_info, dict) else None
+        if pushed is not None:
+            observed["expected_sha"] = pushed
+            observed["head_sha"] = sha
+            if not (isinstance(sha, str) and _same_commit(sha, pushed)):
+                return _inconclusive(
+                    f"PR #{number} has head {label} in {owner}/{repo}, but its head commit is"
+                    f" {sha!r}, not {pushed!r} which this effect pushed: someone pushed since,"
+                    " or it is not this effect's PR",
+                    observed,
+                )
+        if isinstance(sha, str) and sha:
+            receipt["head_sha"] = sha
         unrelated = f"; ignored {ignored} unrelated PR(s)" if ignored else ""
         return ProbeResult(
             ProbeOutcome.HAPPENED,
@@ -143,7 +218,10 @@ class GitHubRestClient:
     """:class:`PullRequestClient` over GitHub's REST API, standard library only.
 
     Follows ``Link: rel="next"`` pages (only on the API's own host, so the token never
-    leaves it) and raises rather than return a partial list.
+    leaves it) and raises rather than return a partial list. Every request waits its turn
+    on ``limiter`` (by default shared by every GitHub client of this process); a rate-limit
+    answer, or a page that used up the last request of the window, pauses it until GitHub's
+    reset so no probe of this process asks while limited.
     ``open_url`` is ``urllib.request.urlopen`` unless a test passes a stand-in.
     """
 
@@ -155,14 +233,19 @@ class GitHubRestClient:
         *,
         base_url: str = "https://api.github.com",
         timeout: float = 10.0,
+        requests_per_second: float = REQUESTS_PER_SECOND,
+        limiter: RateLimiter | None = None,
         open_url: Callable[..., Any] = urllib.request.urlopen,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if not token:
             raise ValueError("a GitHub token is required")
         self._token = token
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.limiter = limiter or shared_limiter(PROVIDER, requests_per_second)
         self._open_url = open_url
+        self._clock = clock
 
     def __repr__(self) -> str:  # never show the token in logs or probe details
         return f"GitHubRestClient(base_url={self.base_url!r})"
@@ -189,19 +272,56 @@ class GitHubRestClient:
             headers={
                 "Authorization": f"Bearer {self._token}",
                 "Accept": "application/vnd.github+json",
-                "X-GitHub-Api-Version": "2022-11-28",
-                "User-Agent": "openonce-prober",
+                "X-GitHub-Api-Version": API_VERSION,
+                "User-Agent": USER_AGENT,
             },
         )
-        try:
-            with self._open_url(request, timeout=self.timeout) as response:
-                body = json.loads(response.read())
-                link = response.headers.get("Link")
-        except urllib.error.HTTPError as exc:
-            raise GitHubReadError(f"GitHub answered HTTP {exc.code}: {exc.reason}") from exc
+        self.limiter.acquire(max_wait=self.timeout)
+        body, headers = read_json(
+            PROVIDER, self._open_url, request, timeout=self.timeout,
+            what="listing pull requests", classify=self._classify,
+        )  # fmt: skip
+        if header(headers, "x-ratelimit-remaining") == "0":
+            # That was the window's last request: the next one would be refused.
+            wait = self._until_reset(headers)
+            if wait is not None:
+                self.limiter.pause(wait, "x-ratelimit-remaining is 0 until x-ratelimit-reset")
         if not isinstance(body, list):
             raise GitHubReadError("GitHub's pull-request list is not a JSON list")
-        return body, _next_link(link)
+        return body, _next_link(header(headers, "Link"))
+
+    def _until_reset(self, headers: Any) -> float | None:
+        reset = header(headers, "x-ratelimit-reset")
+        try:
+            return max(0.0, float(reset) - self._clock()) if reset is not None else None
+        except ValueError:
+            return None
+
+    def _classify(self, status: int, headers: Any, body: bytes) -> ProbeError:
+        """GitHub's rate-limit rules: a 403 is a rate limit only when it says so."""
+        message = error_message(body) or f"HTTP {status}"
+        detail = f"GitHub answered HTTP {status}: {message}"
+        if status in (403, 429):
+            wait = retry_after_seconds(header(headers, "retry-after"))
+            why = "retry-after"
+            if wait is None and header(headers, "x-ratelimit-remaining") == "0":
+                wait, why = self._until_reset(headers), "x-ratelimit-reset"
+            if wait is None and (status == 429 or "rate limit" in message.lower()):
+                wait, why = SECONDARY_LIMIT_WAIT, "secondary rate limit without a header"
+            if wait is not None:
+                self.limiter.pause(max(wait, 1.0), f"GitHub rate limit ({why})")
+                return ProbeTransientError(PROVIDER, detail, status=status, retry_after=wait)
+        if status >= 500:
+            wait = retry_after_seconds(header(headers, "retry-after"))
+            return ProbeTransientError(PROVIDER, detail, status=status, retry_after=wait)
+        if status in (401, 403):
+            return ProbeCredentialError(
+                PROVIDER, detail + " (check the token and its repository permissions)",
+                status=status,
+            )  # fmt: skip
+        if status == 404:
+            detail += " (the repository does not exist or this token cannot see it)"
+        return GitHubReadError(detail, status=status)
 
 
 def _natural_key(args: dict[str, Any]) -> tuple[str, str, str] | None:
@@ -230,6 +350,14 @@ def _is_for(pull: dict[str, Any], owner: str, repo: str, head_owner: str, branch
     base_repo = base.get("repo") if isinstance(base, dict) else None
     full_name = base_repo.get("full_name") if isinstance(base_repo, dict) else None
     return not isinstance(full_name, str) or full_name.lower() == f"{owner}/{repo}".lower()
+
+
+def _same_commit(actual: str, expected: str) -> bool:
+    """Full SHAs compare whole; an abbreviated one (7+ hex digits) as a prefix."""
+    a, e = actual.strip().lower(), expected.strip().lower()
+    if len(e) >= 40 or len(a) < len(e):
+        return a == e
+    return len(e) >= 7 and a.startswith(e)
 
 
 def _segment(name: str) -> str:

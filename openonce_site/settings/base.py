@@ -12,6 +12,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
+from kombu import Exchange, Queue
 
 from openonce_site.env import (
     database_from_parts,
@@ -236,18 +237,29 @@ X_FRAME_OPTIONS = "DENY"
 # credential: DSNs and broker URLs as well as Django's own names.
 DEFAULT_EXCEPTION_REPORTER_FILTER = "openonce_site.debug.CredentialMaskingFilter"
 
+# OPENONCE_LOG_FORMAT=json: one JSON object per line, with the effect id on every line
+# that concerns an effect (reconciler.logs). Celery workers then log through this too.
+OPENONCE_LOG_FORMAT = env_str("OPENONCE_LOG_FORMAT", "plain")
+if OPENONCE_LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"OPENONCE_LOG_FORMAT={OPENONCE_LOG_FORMAT!r}: use plain or json")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     # One line per record: control characters in a message (a %0A in a request path,
     # a username with a newline) are escaped, so request data cannot forge log lines.
-    "filters": {"one_line": {"()": "openonce_site.logsafe.OneLineFilter"}},
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "filters": {
+        "one_line": {"()": "openonce_site.logsafe.OneLineFilter"},
+        "effect": {"()": "reconciler.logs.EffectIdFilter"},
+    },
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "reconciler.logs.JsonFormatter"},
+    },
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
-            "formatter": "plain",
-            "filters": ["one_line"],
+            "formatter": OPENONCE_LOG_FORMAT,
+            "filters": ["one_line", "effect"],
         }
     },
     "root": {"handlers": ["console"], "level": env_str("OPENONCE_LOG_LEVEL", "INFO")},
@@ -277,6 +289,13 @@ OPENONCE_SWEEP_SPREAD = env_int("OPENONCE_SWEEP_SPREAD", 8, minimum=1)
 # handed out again (the fenced decisions keep that harmless).
 OPENONCE_DISPATCH_TTL = env_float("OPENONCE_DISPATCH_TTL", 60.0, positive=True)
 OPENONCE_SWEEP_RETENTION_DAYS = env_int("OPENONCE_SWEEP_RETENTION_DAYS", 14, minimum=1)
+# After a beat or reconcile --watch starts, "no sweep yet" is not unhealthy for this long.
+OPENONCE_HEALTH_STARTUP_GRACE = env_float("OPENONCE_HEALTH_STARTUP_GRACE", 60.0)
+# A batch message whose worker died with it this many times is quarantined (reconciler
+# .deliveries): split into single effects, then held for a person.
+OPENONCE_TASK_MAX_DELIVERIES = env_int("OPENONCE_TASK_MAX_DELIVERIES", 3, minimum=1)
+# /metrics answers only with "Authorization: Bearer <token>" when this is set.
+OPENONCE_METRICS_TOKEN = env_str("OPENONCE_METRICS_TOKEN", "")
 
 # -- Celery: Redis carries messages only; every decision is in the ledger -------------
 CELERY_BROKER_URL = env_str("OPENONCE_BROKER_URL", "redis://127.0.0.1:6379/0")
@@ -293,11 +312,51 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1  # a dead worker holds at most one unacked
 # Redis redelivers unacked messages after visibility_timeout; a task still running then
 # would run twice, and an ETA beyond it repeats forever (celery #2599, kombu #337). Keep
 # time limits and countdowns far below it.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
-CELERY_TASK_TIME_LIMIT = 300
-CELERY_TASK_SOFT_TIME_LIMIT = 240
+# "priority": a worker that frees up looks at the queues in CELERY_TASK_QUEUES order, the
+# tick's first, instead of round-robin: a tick is taken by the next free pool process
+# (round-robin let ticks expire behind a backlog, one discarded per turn).
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "queue_order_strategy": "priority"}
+CELERY_TASK_TIME_LIMIT = env_float("OPENONCE_TASK_TIME_LIMIT", 300.0, positive=True)
+# A batch stops taking effects in time to finish before this (reconciler.sweep), so the
+# soft limit is a backstop and the hard limit never kills a worker child mid-probe.
+CELERY_TASK_SOFT_TIME_LIMIT = env_float("OPENONCE_TASK_SOFT_TIME_LIMIT", 240.0, positive=True)
+if not (
+    CELERY_TASK_SOFT_TIME_LIMIT < CELERY_TASK_TIME_LIMIT
+    < CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"]
+):  # fmt: skip
+    raise ImproperlyConfigured(
+        "OPENONCE_TASK_SOFT_TIME_LIMIT must be below OPENONCE_TASK_TIME_LIMIT, and that"
+        " below the broker's 3600s visibility timeout"
+    )
+if OPENONCE_PROBE_TIMEOUT + 0.5 > 0.8 * CELERY_TASK_SOFT_TIME_LIMIT:
+    raise ImproperlyConfigured(
+        f"OPENONCE_PROBE_TIMEOUT={OPENONCE_PROBE_TIMEOUT:g} leaves a batch no room to probe"
+        f" one effect within OPENONCE_TASK_SOFT_TIME_LIMIT={CELERY_TASK_SOFT_TIME_LIMIT:g}"
+        " (a probe may take at most 80% of the soft limit, less half a second)"
+    )
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+# The tick has its own queue, so it never waits behind a backlog of batches in theirs. A
+# worker consumes both unless told otherwise; `celery worker -Q openonce.tick` is a
+# dedicated tick worker, `-Q openonce.batches` a batch-only one.
+CELERY_TASK_QUEUES = tuple(
+    # Each queue its own exchange and key: a bare Queue(name) would bind to the default
+    # exchange and key, and both queues would receive every batch.
+    Queue(name, Exchange(name, type="direct"), routing_key=name)
+    for name in ("openonce.tick", "openonce.batches")
+)
+CELERY_TASK_DEFAULT_QUEUE = "openonce.batches"
+CELERY_TASK_DEFAULT_EXCHANGE = "openonce.batches"
+CELERY_TASK_DEFAULT_ROUTING_KEY = "openonce.batches"
+CELERY_TASK_ROUTES = {
+    "openonce.tick": {"queue": "openonce.tick"},
+    "openonce.reconcile_batch": {"queue": "openonce.batches"},
+}
+# Task events (sent, started, succeeded, failed...) for Flower or `celery events`.
+CELERY_WORKER_SEND_TASK_EVENTS = True
+CELERY_TASK_SEND_SENT_EVENT = True
+# With JSON logs, workers keep Django's LOGGING instead of Celery's own root handler.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = OPENONCE_LOG_FORMAT != "json"
 
 # The one place the periodic work is declared.
 CELERY_BEAT_SCHEDULE = {

@@ -253,7 +253,7 @@ def test_pool_child_killed_mid_probe_task_is_redelivered(daemon: Daemon) -> None
     worker = daemon.worker("worker", env=slow, concurrency=1)
     sender = Celery("test-sender", broker=daemon.broker_url)
     try:
-        sender.send_task("openonce.reconcile_batch", args=[[eid], None])
+        sender.send_task("openonce.reconcile_batch", args=[[eid], None], queue="openonce.batches")
     finally:
         sender.close()
     wait_until(

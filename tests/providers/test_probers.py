@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from openonce_core import EffectState, OpenOnce, OutcomeUnknownError, current_effect
+from openonce_core.errors import ProbeCredentialError, ProbeTransientError
 from openonce_core.probe import ProbeOutcome, ProbeResult
 from openonce_core.probers import (
     EmailMessageIdProber,
@@ -28,6 +29,7 @@ from openonce_core.probers import (
     GitHubReadError,
     GitHubRestClient,
     ImapSentFolder,
+    MailStoreReadError,
     StripeProber,
     StripeReadError,
     StripeRestClient,
@@ -41,6 +43,7 @@ from openonce_core.providers import (
 )
 from openonce_core.reconcile import Reconciler
 from openonce_core.records import Effect
+from tests.support.core_features import needs_probe_error_classification
 
 HAPPENED = ProbeOutcome.HAPPENED
 NOT_HAPPENED = ProbeOutcome.NOT_HAPPENED
@@ -266,16 +269,27 @@ def test_stripe_duplicates_are_inconclusive_and_named():
     "exc",
     [
         TimeoutError("The read operation timed out"),
-        urllib.error.URLError("connection refused"),
-        StripeReadError("Stripe answered HTTP 429: rate limited"),
+        urllib.error.URLError(ConnectionRefusedError(111, "Connection refused")),
+        ConnectionResetError("reset by peer"),
     ],
 )
-def test_stripe_outage_is_inconclusive_with_the_error(exc):
-    result = StripeProber(Raising(exc), clock=Clock(T0 + 10**6)).probe(make_effect())
+def test_stripe_outage_raises_a_transient_probe_error_not_a_result(exc):
+    # "Could not ask" is no observation: the reconciler, not the prober, decides what next.
+    with pytest.raises(ProbeTransientError) as info:
+        StripeProber(Raising(exc), clock=Clock(T0 + 10**6)).probe(make_effect())
+    assert info.value.provider == "stripe"
+    assert "PaymentIntent search" in str(info.value)
+
+
+def test_stripe_client_probe_errors_pass_through_and_client_bugs_are_inconclusive():
+    refused = ProbeCredentialError("stripe", "HTTP 401: Invalid API Key", status=401)
+    with pytest.raises(ProbeCredentialError):
+        StripeProber(Raising(refused)).probe(make_effect())
+    with pytest.raises(StripeReadError, match="no 'data' list"):
+        StripeProber(Raising(StripeReadError("no 'data' list"))).probe(make_effect())
+    result = StripeProber(Raising(KeyError("data")), clock=Clock(T0 + 600)).probe(make_effect())
     assert result.outcome is INCONCLUSIVE
-    assert result.provider_reference is None
-    assert type(exc).__name__ in result.detail
-    assert "Stripe search failed" in result.detail
+    assert "KeyError" in result.detail and result.provider_reference is None
 
 
 def test_stripe_only_unrelated_objects_is_a_suspicious_read():
@@ -366,8 +380,9 @@ def test_stripe_rest_client_raises_on_http_errors_and_odd_bodies():
         "https://api.stripe.com/v1/x", 401, {"error": {"message": "Invalid API Key"}}
     )
     client = StripeRestClient("sk", open_url=FakeOpener(error))
-    with pytest.raises(StripeReadError, match="HTTP 401: Invalid API Key"):
+    with pytest.raises(ProbeCredentialError, match="HTTP 401: Invalid API Key") as info:
         client.search_payment_intents(KEY)
+    assert info.value.status == 401
     client = StripeRestClient("sk", open_url=FakeOpener(FakeResponse({"error": "?"})))
     with pytest.raises(StripeReadError, match="no 'data' list"):
         client.search_payment_intents(KEY)
@@ -514,14 +529,16 @@ def test_github_fork_head_is_searched_and_receipted_as_given():
     assert result.provider_reference == prober.reference_for(effect) == "acme/api:alice:fix-login"
 
 
-@pytest.mark.parametrize(
-    "exc", [TimeoutError("timed out"), GitHubReadError("GitHub answered HTTP 404: Not Found")]
-)
-def test_github_outage_is_inconclusive(exc):
-    result = GitHubPullRequestProber(Raising(exc)).probe(pr_effect())
-    assert result.outcome is INCONCLUSIVE
-    assert type(exc).__name__ in result.detail
-    assert "acme/api head acme:fix-login" in result.detail
+def test_github_outage_raises_probe_errors_not_results():
+    with pytest.raises(ProbeTransientError, match="acme/api head acme:fix-login") as info:
+        GitHubPullRequestProber(Raising(TimeoutError("timed out"))).probe(pr_effect())
+    assert info.value.provider == "github"
+    missing = GitHubReadError("GitHub answered HTTP 404: Not Found", status=404)
+    with pytest.raises(GitHubReadError) as raised:
+        GitHubPullRequestProber(Raising(missing)).probe(pr_effect())
+    assert raised.value.status == 404 and raised.value.provider == "github"
+    result = GitHubPullRequestProber(Raising(TypeError("bug"))).probe(pr_effect())
+    assert result.outcome is INCONCLUSIVE and "TypeError" in result.detail
 
 
 @pytest.mark.parametrize("answer", [None, [42], [{"number": "42", "head": {"ref": "fix-login"}}]])
@@ -665,11 +682,10 @@ def test_email_young_miss_in_an_authoritative_store_waits_for_the_index():
 
 
 @pytest.mark.parametrize("authoritative", [True, False])
-def test_email_outage_is_inconclusive(authoritative):
+def test_email_outage_raises_a_transient_probe_error(authoritative):
     prober = email_prober(Raising(ConnectionResetError("imap went away")), authoritative)
-    result = prober.probe(make_effect("email.send"))
-    assert result.outcome is INCONCLUSIVE
-    assert "ConnectionResetError: imap went away" in result.detail
+    with pytest.raises(ProbeTransientError, match="ConnectionResetError: imap went away"):
+        prober.probe(make_effect("email.send"))
 
 
 def test_email_only_other_message_ids_is_a_suspicious_read_even_when_authoritative():
@@ -738,9 +754,8 @@ def test_imap_sent_folder_miss_and_failures():
             return "NO", [b"no such mailbox"]
 
     broken = NoMailbox()
-    result = email_prober(ImapSentFolder(lambda: broken), True).probe(make_effect("email.send"))
-    assert result.outcome is INCONCLUSIVE
-    assert "cannot open mailbox" in result.detail
+    with pytest.raises(MailStoreReadError, match="cannot open mailbox"):
+        email_prober(ImapSentFolder(lambda: broken), True).probe(make_effect("email.send"))
     assert broken.logged_out
 
 
@@ -898,12 +913,23 @@ def test_e2e_stripe_young_miss_goes_to_a_person(oo):
     assert "young miss" in last_reason(oo, effect_id)
 
 
-def test_e2e_stripe_outage_goes_to_a_person(oo):
+def test_e2e_stripe_outage_is_journaled_as_a_probe_error(oo):
     charge = stripe_charge(oo, FakeStripe(), ["after"])
     with oo.scope("run-1"):
         effect_id = timed_out(lambda: charge(amount_cents=500))
     reconcile(oo, "stripe.charge", StripeProber(Raising(TimeoutError("stripe down"))))
-    assert oo.get(effect_id).state is EffectState.HUMAN_REVIEW
+    assert "ProbeTransientError" in last_reason(oo, effect_id)
+    assert "stripe down" in last_reason(oo, effect_id)
+
+
+@needs_probe_error_classification
+def test_e2e_stripe_outage_waits_for_a_reprobe_instead_of_a_person(oo):
+    charge = stripe_charge(oo, FakeStripe(), ["after"])
+    with oo.scope("run-1"):
+        effect_id = timed_out(lambda: charge(amount_cents=500))
+    report = reconcile(oo, "stripe.charge", StripeProber(Raising(TimeoutError("stripe down"))))
+    assert report.escalated == []
+    assert oo.get(effect_id).state is EffectState.UNKNOWN
     assert "stripe down" in last_reason(oo, effect_id)
 
 

@@ -49,6 +49,7 @@ STRIPE_REQUIREMENTS = """\
     handler:
       - pass current_effect().provider_key as Stripe Idempotency-Key
       - stamp effect_metadata(current_effect()) on the created object
+      - a refund tool passes the refunded charge or payment_intent id in its args
     receipt fields: stripe_id
 """
 

@@ -252,12 +252,15 @@ def start_worker(
     concurrency: int = 2,
     pool: str = "prefork",
     loglevel: str = "info",
+    queues: str = "",
 ) -> Proc:
     argv = celery_argv(
         "worker", "-l", loglevel, "-P", pool, "--concurrency", str(concurrency),
         "-n", f"{name}-{uuid.uuid4().hex[:6]}@%h",
         "--without-mingle", "--without-gossip", "--without-heartbeat",
     )  # fmt: skip
+    if queues:
+        argv += ["-Q", queues]
     return spawn(name, argv, env, log_dir)
 
 

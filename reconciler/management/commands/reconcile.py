@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from reconciler.sweep import sweep
+from reconciler.tasks import record_start
 
 
 class Command(BaseCommand):
@@ -41,6 +42,7 @@ class Command(BaseCommand):
         stopping = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stopping.set())
+        record_start("watch")
         self.stderr.write(f"reconciling every {interval:g}s; Ctrl-C stops")
         while not stopping.is_set():
             record = sweep("watch", interval=interval)

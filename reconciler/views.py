@@ -1,0 +1,86 @@
+"""Machine endpoints, no sign-in and no ledger data: for load balancers, orchestrators and
+Prometheus.
+
+* ``/livez``  — the process answers (nothing else is checked: restart it if not);
+* ``/readyz`` — the database is reachable and its schemas are current (the core's ledger
+  schema version, Django's migrations): send it traffic;
+* ``/metrics`` — Prometheus exposition (``reconciler.metrics``); with
+  OPENONCE_METRICS_TOKEN set it needs ``Authorization: Bearer <token>``.
+
+Reconciler progress (sweeps, probers, quarantine) is ``/health/``: a stopped beat must
+not make the console unready, and a down database must not read as a stopped beat.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.db.migrations.executor import MigrationExecutor
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from openonce_core.errors import OpenOnceError
+from openonce_core.schema import SCHEMA_VERSION
+from openonce_site.ledger import get_openonce
+
+from .metrics import registry
+
+
+@never_cache
+@require_GET
+def livez(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"alive": True})
+
+
+@never_cache
+@require_GET
+def readyz(request: HttpRequest) -> JsonResponse:
+    checks: dict[str, str] = {}
+    ready = True
+    started = time.monotonic()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        checks["database"] = "ok"
+    except DatabaseError as exc:
+        checks["database"] = f"unreachable: {type(exc).__name__}"
+        return JsonResponse({"ready": False, "checks": checks}, status=503)
+    try:
+        version = get_openonce().store.schema_version()
+        if version == SCHEMA_VERSION:
+            checks["ledger_schema"] = f"ok (version {version})"
+        else:
+            ready = False
+            checks["ledger_schema"] = (
+                f"version {version}, this code needs {SCHEMA_VERSION}: run manage.py migrate"
+            )
+    except (DatabaseError, OpenOnceError, OSError) as exc:
+        ready = False
+        checks["ledger_schema"] = f"unreadable: {type(exc).__name__}: {exc}"[:200]
+    try:
+        executor = MigrationExecutor(connection)
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        checks["migrations"] = "ok" if not plan else f"{len(plan)} unapplied: run manage.py migrate"
+        ready = ready and not plan
+    except DatabaseError as exc:
+        ready = False
+        checks["migrations"] = f"unreadable: {type(exc).__name__}"
+    checks["seconds"] = f"{time.monotonic() - started:.3f}"
+    return JsonResponse({"ready": ready, "checks": checks}, status=200 if ready else 503)
+
+
+@never_cache
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    token = settings.OPENONCE_METRICS_TOKEN
+    if token:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return HttpResponse("metrics need Authorization: Bearer <token>\n", status=401,
+                                content_type="text/plain")  # fmt: skip
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

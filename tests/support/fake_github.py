@@ -1,0 +1,123 @@
+"""A GitHub-like REST API over real HTTP: the pull-request list the GitHub prober reads,
+in GitHub's wire format, with its pagination and its rate limits.
+
+* ``GET /repos/{owner}/{repo}/pulls?head=user:branch&state=all&per_page=N&page=P``, paged
+  with a ``Link`` header (``rel="next"``, ``rel="last"``); ``page_size`` caps per_page so
+  tests can force several pages;
+* ``Authorization: Bearer <token>`` checked (401 "Bad credentials"); a token in
+  ``forbidden`` gets 403 "Resource not accessible by personal access token";
+* the primary limit: ``x-ratelimit-limit/remaining/used/reset/resource`` on every answer;
+  once ``primary_limit`` requests are used, 403 with ``x-ratelimit-remaining: 0`` until
+  ``reset_at`` (an epoch second);
+* secondary limits on cue: ``secondary_limit_next(retry_after=...)`` answers 403 with
+  GitHub's "secondary rate limit" message, with or without ``retry-after``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlencode
+
+from .fake_http import FakeHTTPServer, Fault, Reply, Seen
+
+SECONDARY_MESSAGE = (
+    "You have exceeded a secondary rate limit. Please wait a few minutes before you try again."
+)
+
+
+class FakeGitHubServer(FakeHTTPServer):
+    def __init__(
+        self,
+        *,
+        tokens: tuple[str, ...] = ("ghp_good",),
+        primary_limit: int = 5000,
+        page_size: int = 100,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(clock=clock)
+        self.tokens = set(tokens)
+        self.forbidden: set[str] = set()
+        self.primary_limit = primary_limit
+        self.used = 0
+        self.page_size = page_size
+        self.wall = wall
+        self.reset_at = int(wall()) + 3600
+        self.pulls: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self._number = 0
+
+    def add_pull(
+        self, owner: str, repo: str, branch: str, *, head_owner: str | None = None,
+        sha: str = "a" * 40, state: str = "open",
+    ) -> dict[str, Any]:  # fmt: skip
+        with self.lock:
+            self._number += 1
+            head_owner = head_owner or owner
+            pull = {
+                "number": self._number,
+                "state": state,
+                "html_url": f"https://github.com/{owner}/{repo}/pull/{self._number}",
+                "head": {"ref": branch, "label": f"{head_owner}:{branch}", "sha": sha},
+                "base": {"ref": "main", "repo": {"full_name": f"{owner}/{repo}"}},
+            }
+            self.pulls.setdefault((owner.lower(), repo.lower()), []).append(pull)
+            return pull
+
+    def secondary_limit_next(self, *, retry_after: int | None = None, status: int = 403) -> None:
+        headers = {"retry-after": str(retry_after)} if retry_after is not None else {}
+        with self.lock:
+            self.faults.append(Fault(status, headers, {"message": SECONDARY_MESSAGE}))
+
+    def _limit_headers(self) -> dict[str, str]:
+        return {
+            "x-ratelimit-limit": str(self.primary_limit),
+            "x-ratelimit-remaining": str(max(0, self.primary_limit - self.used)),
+            "x-ratelimit-used": str(self.used),
+            "x-ratelimit-reset": str(self.reset_at),
+            "x-ratelimit-resource": "core",
+        }
+
+    def route(self, seen: Seen) -> Reply:
+        auth = seen.headers.get("authorization", "")
+        token = auth[7:] if auth.startswith("Bearer ") else ""
+        if token not in self.tokens:
+            return Reply(401, {"message": "Bad credentials", "status": "401"})
+        if self.used >= self.primary_limit and self.wall() < self.reset_at:
+            return Reply(
+                403,
+                {"message": "API rate limit exceeded for user ID 1.", "status": "403"},
+                self._limit_headers(),
+            )
+        self.used += 1
+        if token in self.forbidden:
+            return Reply(
+                403,
+                {"message": "Resource not accessible by personal access token", "status": "403"},
+                self._limit_headers(),
+            )
+        parts = seen.path.strip("/").split("/")
+        if len(parts) != 4 or parts[0] != "repos" or parts[3] != "pulls":
+            return Reply(404, {"message": "Not Found", "status": "404"}, self._limit_headers())
+        key = (parts[1].lower(), parts[2].lower())
+        if key not in self.pulls:
+            return Reply(404, {"message": "Not Found", "status": "404"}, self._limit_headers())
+        head = (seen.query.get("head") or [None])[0]
+        rows = [p for p in self.pulls[key] if head is None or p["head"]["label"] == head]
+        per_page = min(int((seen.query.get("per_page") or ["30"])[0]), self.page_size)
+        page = int((seen.query.get("page") or ["1"])[0])
+        last = max(1, -(-len(rows) // per_page))
+        headers = self._limit_headers()
+        if page < last:
+            query = {k: v[0] for k, v in seen.query.items()}
+            base = f"http://{seen.headers.get('host')}{seen.path}"
+            links = [
+                f'<{base}?{urlencode({**query, "page": page + 1})}>; rel="next"',
+                f'<{base}?{urlencode({**query, "page": last})}>; rel="last"',
+            ]
+            headers["Link"] = ", ".join(links)
+        return Reply(200, rows[(page - 1) * per_page : page * per_page], headers)
+
+    def rate_limited(self, seen: Seen) -> Reply:
+        return Reply(403, {"message": SECONDARY_MESSAGE}, {"retry-after": "1"})

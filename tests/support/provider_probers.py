@@ -1,0 +1,57 @@
+"""Probers for the daemon tests against the fake providers, loaded by worker processes
+through OPENONCE_PROBERS=tests.support.provider_probers:PROBERS (or :KILLING_PROBERS).
+
+The real ``StripeProber`` over its real HTTP client, pointed at the test's fake Stripe
+(``OPENONCE_TEST_STRIPE_URL``) with ``OPENONCE_TEST_STRIPE_KEY`` and this process's share of
+the provider's rate limit (``OPENONCE_TEST_STRIPE_RPS``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from openonce_core.probe import ProbeResult
+from openonce_core.probers import StripeProber
+from openonce_core.records import Effect
+from tests.support.probers import ArgsProber
+
+
+def _stripe() -> StripeProber:
+    return StripeProber.from_api_key(
+        os.environ.get("OPENONCE_TEST_STRIPE_KEY", "sk_test_good"),
+        base_url=os.environ.get("OPENONCE_TEST_STRIPE_URL", "http://127.0.0.1:9"),
+        requests_per_second=float(os.environ.get("OPENONCE_TEST_STRIPE_RPS", "18")),
+        timeout=float(os.environ.get("OPENONCE_TEST_STRIPE_TIMEOUT", "10")),
+        index_lag_seconds=0,
+    )
+
+
+class LazyStripe:
+    """Builds the prober in the process that probes (after the worker forked)."""
+
+    capability = "stripe"
+    provider = "stripe"
+
+    def __init__(self) -> None:
+        self._prober: StripeProber | None = None
+
+    def probe(self, effect: Effect) -> ProbeResult:
+        if self._prober is None:
+            self._prober = _stripe()
+        return self._prober.probe(effect)
+
+
+class KillingProber(ArgsProber):
+    """Kills the process probing an effect whose order starts with "poison-" (a driver
+    that segfaults on one effect's data); others answer like ArgsProber."""
+
+    def probe(self, effect: Effect) -> Any:
+        if str(effect.args.get("order", "")).startswith("poison-"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().probe(effect)
+
+
+PROBERS = {"stripe.charge": LazyStripe()}
+KILLING_PROBERS = {"stripe.charge": KillingProber()}
