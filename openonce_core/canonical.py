@@ -28,9 +28,7 @@ _encode_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
 MAX_DEPTH = 64  # deeper nesting is refused with a clear error, not a RecursionError
 
 
-def check_json(
-    value: Any, path: str = "$", *, key_material: bool = False, depth: int = 0
-) -> bool:
+def check_json(value: Any, path: str = "$", *, key_material: bool = False, depth: int = 0) -> bool:
     """Raise InvalidArgumentsError naming ``path`` unless ``value`` is strict JSON.
 
     Returns whether ``value`` is *plain*: no floats and no object key beyond the Basic

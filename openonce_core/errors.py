@@ -288,7 +288,9 @@ class ProbeTransientError(ProbeError):
     """The provider is busy, down or slow (429, 5xx, a timeout, a refused connection).
 
     ``retry_after`` is how many seconds the provider asked us to wait (``Retry-After``,
-    a rate-limit reset), or None: the reconciler then backs off on its own schedule."""
+    a rate-limit reset), or None: the reconciler then backs off on its own schedule.
+    ``sent=False``: nothing was asked at all (the client's own rate limit held the probe
+    back), so it is no attempt: the reconciler simply asks again after ``retry_after``."""
 
     def __init__(
         self,
@@ -297,9 +299,11 @@ class ProbeTransientError(ProbeError):
         *,
         status: int | None = None,
         retry_after: float | None = None,
+        sent: bool = True,
     ) -> None:
         super().__init__(provider, detail, status=status)
         self.retry_after = retry_after
+        self.sent = sent
 
 
 class ProbeCredentialError(ProbeError):

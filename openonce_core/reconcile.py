@@ -62,6 +62,7 @@ class ReconcileReport:
     escalated: list[str] = field(default_factory=list)
     retried: list[str] = field(default_factory=list)  # the prober failed; asked again later
     skipped: list[str] = field(default_factory=list)  # left for later: the batch ran out of time
+    deferred: list[str] = field(default_factory=list)  # held back by our own rate limit
     # UNKNOWN effects left after the sweep: in their grace window, in probe backoff, or
     # claimed by another reconciler.
     waiting: int = 0
@@ -81,6 +82,7 @@ class ReconcileReport:
         self.escalated += other.escalated
         self.retried += other.retried
         self.skipped += other.skipped
+        self.deferred += other.deferred
         self.waiting += other.waiting
         self.lost_races += other.lost_races
         for k, v in other.outcomes.items():
@@ -95,6 +97,7 @@ class ReconcileReport:
             "escalated": self.escalated,
             "retried": self.retried,
             "skipped": self.skipped,
+            "deferred": self.deferred,
             "waiting": self.waiting,
             "lost_races": self.lost_races,
             "outcomes": self.outcomes,
@@ -360,6 +363,16 @@ class Reconciler:
     ) -> bool:
         """Ask again later when the prober could not ask the provider. False when the
         effect should go to a person now instead (its retries are used up)."""
+        if all(r.observed.get("not_sent") for r in failures):
+            # Our own rate limit held the probe back: no attempt, no journal line. Keep the
+            # probe claim just until the provider's pause ends; then it is due again.
+            wait = max(1.0, max(float(r.observed.get("retry_after") or 0) for r in failures))
+            self.oo.ledger.claim_for_probe(
+                [effect.id], str(effect.lease_owner), self.clock.now() + wait,
+                steal_from=[str(effect.lease_owner)], expect_fence=effect.fence,
+            )  # fmt: skip
+            report.deferred.append(effect.id)
+            return True
         history = _failures(effect)
         attempts = [
             *history.get("attempts", []),
@@ -663,6 +676,8 @@ def _prober_failure(exc: BaseException) -> ProbeResult:
             observed["transient"] = True
             if exc.retry_after is not None:
                 observed["retry_after"] = exc.retry_after
+            if not exc.sent:
+                observed["not_sent"] = True
         return ProbeResult(
             ProbeOutcome.INCONCLUSIVE,
             detail=f"{type(exc).__name__}: {exc}"[:500],

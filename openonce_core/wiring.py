@@ -84,6 +84,9 @@ def build_reconciler(
     probe_timeout: float = 30.0,
     probe_retries: int = 0,
     retry_backoff: float = 5.0,
+    transient_retries: int = 8,
+    transient_window: float = 3600.0,
+    stale_call_grace: float = 300.0,
     owner: str = "reconciler",
 ) -> Reconciler:
     """A Reconciler over ``oo``'s store with the probers named by ``probers``: a mapping
@@ -107,6 +110,9 @@ def build_reconciler(
         probe_timeout=probe_timeout,
         probe_retries=probe_retries,
         retry_backoff=retry_backoff,
+        transient_retries=transient_retries,
+        transient_window=transient_window,
+        stale_call_grace=stale_call_grace,
         owner=owner,
     )
     table = load_object(probers) if isinstance(probers, str) else (probers or {})

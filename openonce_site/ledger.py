@@ -81,6 +81,9 @@ def get_reconciler() -> Reconciler:
             probe_timeout=settings.OPENONCE_PROBE_TIMEOUT,
             probe_retries=settings.OPENONCE_PROBE_RETRIES,
             retry_backoff=settings.OPENONCE_PROBE_RETRY_BACKOFF,
+            transient_retries=settings.OPENONCE_PROBE_TRANSIENT_RETRIES,
+            transient_window=settings.OPENONCE_PROBE_TRANSIENT_WINDOW,
+            stale_call_grace=settings.OPENONCE_STALE_CALL_GRACE,
             owner="daemon",
         )
         with _lock:

@@ -83,6 +83,7 @@ class RateLimiter:
                     f"not asked: the provider told us to wait ({self._pause_reason});"
                     f" {left:.1f}s left",
                     retry_after=left,
+                    sent=False,
                 )
             due = max(self._next, now)
             wait = max(0.0, due - (self.burst - 1) * interval - now)
@@ -92,6 +93,7 @@ class RateLimiter:
                     f"not asked: the client-side limit of {self.rate:g} requests/s"
                     f" would hold this probe {wait:.1f}s",
                     retry_after=wait,
+                    sent=False,
                 )
             self._next = due + interval
         if wait > 0:

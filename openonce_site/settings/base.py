@@ -276,6 +276,14 @@ OPENONCE_GRACE_SECONDS = env_float("OPENONCE_GRACE_SECONDS", None)  # None: per 
 OPENONCE_PROBE_TIMEOUT = env_float("OPENONCE_PROBE_TIMEOUT", 30.0, positive=True)
 OPENONCE_PROBE_RETRIES = env_int("OPENONCE_PROBE_RETRIES", 3)
 OPENONCE_PROBE_RETRY_BACKOFF = env_float("OPENONCE_PROBE_RETRY_BACKOFF", 5.0)
+# A provider that is busy or down (429, 5xx, timeouts) is asked again this many times, or
+# for this long, before a person is; a refused key never pages anyone (health turns red).
+OPENONCE_PROBE_TRANSIENT_RETRIES = env_int("OPENONCE_PROBE_TRANSIENT_RETRIES", 8)
+OPENONCE_PROBE_TRANSIENT_WINDOW = env_float(
+    "OPENONCE_PROBE_TRANSIENT_WINDOW", 3600.0, positive=True
+)
+# A miss this soon after a call's lease ran out is no evidence (the call may still run).
+OPENONCE_STALE_CALL_GRACE = env_float("OPENONCE_STALE_CALL_GRACE", 300.0)
 
 # -- the sweep ------------------------------------------------------------------------
 OPENONCE_SWEEP_INTERVAL = env_float("OPENONCE_SWEEP_INTERVAL", 5.0, positive=True)  # seconds

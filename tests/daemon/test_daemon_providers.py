@@ -8,10 +8,9 @@ against providers that misbehave: a Stripe-like server on a local socket
 * a probe slower than the task's soft time limit: the batch stops cleanly before it and
   its effects are re-probed;
 * a message that kills its worker: split, then quarantined, and shown on health;
+* a 429 storm with Retry-After, and a revoked key: nobody is paged, everything commits
+  once the provider answers again;
 * task events on the broker.
-
-Tests marked ``needs_probe_error_classification`` need the core's reconcile change for
-probe errors and count as expected failures until it is merged.
 """
 
 from __future__ import annotations
@@ -28,17 +27,11 @@ from celery import Celery
 
 from tests.daemon.test_daemon_integration import Daemon
 from tests.daemon.test_daemon_integration import daemon as daemon  # the fixture
-from tests.support.core_features import CORE_CLASSIFIES_PROBE_ERRORS
 from tests.support.daemon import log, make_unknown, manage, wait_until
 from tests.support.fake_stripe import FakeStripeServer
 
 pytestmark = pytest.mark.slow
 
-needs_probe_error_classification = pytest.mark.xfail(
-    not CORE_CLASSIFIES_PROBE_ERRORS,
-    reason="needs the core's reconcile change: probe errors keep the effect UNKNOWN",
-    strict=False,  # on today's core the outcome depends on retry timing
-)
 
 
 @pytest.fixture
@@ -109,7 +102,6 @@ def test_a_thousand_unknown_effects_drain_under_a_20_per_second_limit(
     assert daemon.ledger.count_state("human_review") == 0
 
 
-@needs_probe_error_classification
 def test_429s_with_retry_after_send_nobody_to_a_person(
     daemon: Daemon, stripe: FakeStripeServer
 ) -> None:
@@ -169,7 +161,6 @@ def test_a_revoked_key_turns_health_red_within_two_intervals(
     assert daemon.ledger.states(fresh)[fresh[0]] == "committed"
 
 
-@needs_probe_error_classification
 def test_a_revoked_key_files_no_human_tickets_and_resolves_after_the_fix(
     daemon: Daemon, stripe: FakeStripeServer
 ) -> None:
@@ -220,7 +211,7 @@ def test_a_probe_slower_than_the_soft_limit_stops_the_batch_cleanly(
     for eid in ids:
         assert len(daemon.leaving_unknown(eid)) >= 1
         moves = [(j["from_state"], j["to_state"]) for j in daemon.leaving_unknown(eid)]
-        assert moves.count(("unknown", "committed")) == 1
+        assert moves.count(("unknown", "receipt_recorded")) == 1
     sweeps = daemon.ledger.sweeps()
     assert any(s["batches"] > 1 for s in sweeps)  # the rest went out as a new batch
 

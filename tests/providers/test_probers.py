@@ -43,7 +43,6 @@ from openonce_core.providers import (
 )
 from openonce_core.reconcile import Reconciler
 from openonce_core.records import Effect
-from tests.support.core_features import needs_probe_error_classification
 
 HAPPENED = ProbeOutcome.HAPPENED
 NOT_HAPPENED = ProbeOutcome.NOT_HAPPENED
@@ -922,7 +921,6 @@ def test_e2e_stripe_outage_is_journaled_as_a_probe_error(oo):
     assert "stripe down" in last_reason(oo, effect_id)
 
 
-@needs_probe_error_classification
 def test_e2e_stripe_outage_waits_for_a_reprobe_instead_of_a_person(oo):
     charge = stripe_charge(oo, FakeStripe(), ["after"])
     with oo.scope("run-1"):
