@@ -171,14 +171,13 @@ class CallPath:
     def _claim_or_find(self, call: Call) -> tuple[Effect | None, ReplayRow | None]:
         """Claim a new effect for this call, or read what already holds its key.
 
-        A key this process has not seen is most likely new: on Postgres the claim is tried
-        first and the holder, if any, read in the same round trip, so a new effect costs
-        two round trips in all and a duplicate from another process one (which writes
-        nothing: the insert finds the key taken). A key seen here before is most likely a
-        duplicate (the agent retried): one lean read. SQLite always reads first: a read
-        costs no round trip there, and a failed insert would have taken the write lock."""
+        A key this process has not seen is most likely new: the claim is tried first, and
+        the holder, if any, read after it (on Postgres in the same round trip), so a new
+        effect costs two commits and nothing else. A duplicate from another process finds
+        the key taken (no row is written). A key seen here before is most likely a
+        duplicate (the agent retried): one lean read, no write lock taken."""
         known = (call.tool, call.key)
-        if self.store.dialect != "postgres" or known in self._known_keys:
+        if known in self._known_keys:
             row = self.store.find_replay(call.tool, call.key)
             if row is not None:
                 return None, row

@@ -146,6 +146,10 @@ def secret_digest(value: Any, pepper: bytes | None) -> str:
     return "sha256:" + hashlib.sha256(b"openonce-secret\0" + data).hexdigest()
 
 
+# One encoder for every write: json.dumps with options builds a new one per call.
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
 def dumps(value: Any) -> str:
     """Compact JSON for storage (not canonical; floats allowed)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _dumps(value)

@@ -110,20 +110,25 @@ class LeaseKeeper:
         self._reset()  # the parent's running attempts are not running here
 
     def hold(self, effect_id: str, fence: int, owner: str, lease_seconds: float) -> None:
+        # On every call: a dict store, no lock. The thread clears _thread under the lock
+        # only after it saw _held empty, so a hold after that finds None and starts one.
         renew_at = self.clock.now() + lease_seconds / 3
+        self._held[effect_id] = _Held(fence, owner, lease_seconds, renew_at)
+        if self._thread is None:
+            self._start()
+        elif renew_at < self._sleep_until:
+            self._wake.set()  # it sleeps past this lease's renewal
+
+    def _start(self) -> None:
         with self._lock:
-            self._held[effect_id] = _Held(fence, owner, lease_seconds, renew_at)
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None and not self._closed:
                 self._thread = threading.Thread(
                     target=self._run, name="openonce-leases", daemon=True
                 )
                 self._thread.start()
-            elif renew_at < self._sleep_until:
-                self._wake.set()  # it sleeps past this lease's renewal
 
     def release(self, effect_id: str) -> None:
-        with self._lock:
-            self._held.pop(effect_id, None)
+        self._held.pop(effect_id, None)
 
     def owns(self, effect_id: str) -> bool:
         """False once a renewal found the claim taken over."""
@@ -132,8 +137,7 @@ class LeaseKeeper:
 
     def renew_now(self, effect_id: str) -> bool:
         """Renew this attempt's lease at once; False if the claim is no longer ours."""
-        with self._lock:
-            held = self._held.get(effect_id)
+        held = self._held.get(effect_id)
         if held is None or held.lost:
             return False
         return self._renew(effect_id, held)
@@ -141,8 +145,7 @@ class LeaseKeeper:
     def renew_due(self) -> int:
         """Renew every lease due now (the background thread does this on its own)."""
         now = self.clock.now()
-        with self._lock:
-            due = [(i, h) for i, h in self._held.items() if not h.lost and h.renew_at <= now]
+        due = [(i, h) for i, h in list(self._held.items()) if not h.lost and h.renew_at <= now]
         for effect_id, held in due:
             self._renew(effect_id, held)
         return len(due)
@@ -169,11 +172,18 @@ class LeaseKeeper:
             with self._lock:
                 if not self._held:
                     self._thread = None
-                    return
-                live = [h.renew_at for h in self._held.values() if not h.lost]
+                    break
+                live = [h.renew_at for h in list(self._held.values()) if not h.lost]
                 self._sleep_until = min(live) if live else self.clock.now() + 1.0
                 self._wake.clear()
             self.clock.wait(self._wake, max(0.0, self._sleep_until - self.clock.now()))
+        else:
+            with self._lock:
+                self._thread = None
+        # A hold that read _thread just before it was cleared started no thread: look once
+        # more now that it is None (a hold after this sees None and starts one itself).
+        if self._held and not self._closed:
+            self._start()
 
     def close(self) -> None:
         self._closed = True

@@ -71,8 +71,18 @@ def to_db(field: str, value: Any) -> Any:
     return value
 
 
+_NEW_JSON = [f in JSON_FIELDS for f in NEW_FIELDS]
+_STATE_AT = NEW_FIELDS.index("state")
+
+
 def new_effect_row(effect: Effect) -> list[Any]:
-    return [to_db(f, getattr(effect, f)) for f in NEW_FIELDS]
+    # On every new effect: the one JSON field a claim carries is its arguments.
+    row = [getattr(effect, f) for f in NEW_FIELDS]
+    for i, is_json in enumerate(_NEW_JSON):
+        if is_json and row[i] is not None:
+            row[i] = dumps(row[i])
+    row[_STATE_AT] = str(row[_STATE_AT])
+    return row
 
 
 _JSON_POSITIONS = frozenset(i for i, f in enumerate(FIELDS) if f in JSON_FIELDS)

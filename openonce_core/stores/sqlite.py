@@ -138,10 +138,13 @@ class SQLiteStore(sql.SQLStore):
     def insert(self, effect: Effect, entries: Sequence[JournalEntry]) -> bool:
         row = sql.new_effect_row(effect)
 
+        lines = [sql.journal_row(e) for e in entries]
+
         def work(conn: sqlite3.Connection) -> bool:
             if conn.execute(_INSERT_EFFECT, row).rowcount != 1:
                 return False
-            conn.executemany(sql.INSERT_JOURNAL, [sql.journal_row(e) for e in entries])
+            for line in lines:  # one or two: execute is cheaper than executemany here
+                conn.execute(sql.INSERT_JOURNAL, line)
             return True
 
         return self._write(work)
@@ -173,7 +176,8 @@ class SQLiteStore(sql.SQLStore):
         def work(conn: sqlite3.Connection) -> bool:
             if conn.execute(stmt, params).rowcount != 1:
                 return False
-            conn.executemany(sql.INSERT_JOURNAL, lines)
+            for line in lines:
+                conn.execute(sql.INSERT_JOURNAL, line)
             if approval is not None:
                 conn.execute(sql.INSERT_APPROVAL, sql.approval_row(approval))
             return True
