@@ -48,12 +48,19 @@ from .errors import (
     OutcomeUnknownError,
     ProviderContractError,
     ReceiptContractError,
+    ReceiptIdentityError,
     ResultUnavailableError,
     SchemaVersionError,
     ScopeRequiredError,
 )
 from .policy import ALLOW, Policy
-from .providers import Capability, CapabilityMatrix, check_call_contract, check_receipt
+from .providers import (
+    Capability,
+    CapabilityMatrix,
+    check_call_contract,
+    check_receipt,
+    receipt_identity_problems,
+)
 from .records import Approval, Effect, JournalEntry, new_effect_id, now
 from .schema import SCHEMA_VERSION
 from .states import NEEDS_HUMAN, NOT_STARTED, EffectState, is_legal
@@ -864,13 +871,19 @@ class OpenOnce:
         require_receipt_contract: bool | None = None,
         require_provider_capability: bool | None = None,
         expected_fence: int | None = None,
+        override_identity: bool = False,
     ) -> Effect:
         """A person found the effect happened: commit ``receipt``; duplicates replay it.
 
         With ``enforce_provider_receipts`` (or ``require_receipt_contract=True``) the
-        receipt must meet the tool's provider receipt contract first."""
+        receipt must meet the tool's provider receipt contract first. A receipt whose
+        identifying fields name another effect (provider key, Message-ID, PR) is refused
+        with ReceiptIdentityError, as a probe's would be, unless ``override_identity=True``
+        with a reason: then the override and what it overrode are journaled."""
         _require_text("by", by)
         _optional_text("reason", reason)
+        if override_identity:
+            _require_text("reason", reason)
         receipt = _check_receipt(receipt)
         while True:
             effect = self._load(
@@ -884,7 +897,15 @@ class OpenOnce:
                 raise InvalidReceiptError(
                     "receipt breaks the provider contract: " + "; ".join(problems)
                 )
-            evidence = {"resolution": "happened", "receipt": receipt, "by": by}
+            mismatches = receipt_identity_problems(
+                self.capabilities_for(effect.tool), receipt, effect_id=effect.id,
+                provider_key=effect.provider_key, args=effect.args,
+            )  # fmt: skip
+            if mismatches and not override_identity:
+                raise ReceiptIdentityError(effect.id, mismatches)
+            evidence: dict[str, Any] = {"resolution": "happened", "receipt": receipt, "by": by}
+            if mismatches:
+                evidence["identity_override"] = mismatches
             changes = {
                 "result": receipt,
                 "verification_status": "confirmed_by_person",
