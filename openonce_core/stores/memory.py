@@ -8,10 +8,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..records import Approval, Effect, JournalEntry
+from ..schema import SCHEMA_VERSION
 from ..states import EffectState
 from .base import WakeBoard, Watch
-
-SCHEMA_VERSION = 1
 
 
 class InMemoryStore:

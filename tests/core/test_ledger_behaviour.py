@@ -50,6 +50,7 @@ from openonce_core import (
     current_scope,
     require_approval_for,
 )
+from openonce_core.schema import SCHEMA_VERSION
 
 S = EffectState
 OWNER = "worker-1"
@@ -1898,18 +1899,18 @@ def test_schema_version_and_repeated_migrate(store, store_kind):
         return "sent"
 
     send("a@b.c")
-    assert store.schema_version() == 1
-    assert store.migrate() == 1
-    assert store.migrate() == 1
-    assert store.schema_version() == 1
+    assert store.schema_version() == SCHEMA_VERSION
+    assert store.migrate() == SCHEMA_VERSION
+    assert store.migrate() == SCHEMA_VERSION
+    assert store.schema_version() == SCHEMA_VERSION
     assert send("a@b.c") == "sent"  # migrating again kept the ledger
     assert calls == ["a@b.c"]
     if store_kind == "sqlite":
         rows = store._conn().execute("SELECT version FROM openonce_schema").fetchall()
-        assert rows == [(1,)]
+        assert rows == [(1,), (3,)]  # 2 is reserved
     elif store_kind == "postgres":
         with store.pool.connection() as conn:
             rows = conn.execute("SELECT version FROM openonce_schema").fetchall()
-        assert rows == [(1,)]
+        assert rows == [(1,), (3,)]  # 2 is reserved
     else:
         assert isinstance(store, InMemoryStore)
