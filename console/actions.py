@@ -45,9 +45,21 @@ class Action:
     name: str  # as in the URL
     label: str
     perm: str
-    states: frozenset[str]  # where the console offers it; the core has the last word
+    # Where the console offers it: the states in which the core accepts it (the core
+    # has the last word). The single console-side list until openonce_core.states
+    # exposes the decision table.
+    states: frozenset[str]
     form_class: type[console_forms.DecisionForm]
     danger: bool = False
+    labels: tuple[tuple[str, str], ...] = ()  # (state, label) where the label differs
+
+    def label_for(self, state: str) -> str:
+        return dict(self.labels).get(state, self.label)
+
+
+def allowed(state: str) -> list[Action]:
+    """The decisions the core accepts for an effect in ``state``, in page order."""
+    return [a for a in ACTIONS.values() if state in a.states]
 
 
 ACTIONS: dict[str, Action] = {
@@ -68,6 +80,7 @@ ACTIONS: dict[str, Action] = {
             frozenset({S.REQUIRES_APPROVAL, S.APPROVED}),
             console_forms.ReasonForm,
             danger=True,
+            labels=((S.APPROVED, "Withdraw the approval (deny)"),),
         ),
         Action(
             "resolve-happened",
@@ -108,6 +121,9 @@ def decide(action: str, effect_id: str, by: str, data: Mapping[str, Any]) -> Cor
             reason=reason,
             require_receipt_contract=True,  # checked before commit, not after
             expected_fence=fence,
+            # The form found the receipt names another identity and the person, holding
+            # the permission, overrode it with a reason; the core journals both.
+            override_identity=bool(data.get("override_identity")),
         )
     if action == "resolve-not-happened":
         return oo.resolve_not_happened(

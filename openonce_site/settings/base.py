@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "console",
     "reconciler",
+    "notifications",
 ]
 
 MIDDLEWARE = [
@@ -138,8 +139,19 @@ CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 
+# -- notifications: who is told when an effect starts waiting (notifications/config.py) --
+OPENONCE_NOTIFY = env_str("OPENONCE_NOTIFY", "")  # a JSON list of channels, or @file.json
+OPENONCE_CONSOLE_URL = env_str("OPENONCE_CONSOLE_URL", "http://127.0.0.1:8000")  # deep links
+OPENONCE_NOTIFY_INTERVAL = env_float("OPENONCE_NOTIFY_INTERVAL", 5.0, positive=True)
+DEFAULT_FROM_EMAIL = env_str("OPENONCE_MAIL_FROM", "openonce@localhost")
+
 # The one place the periodic work is declared.
 CELERY_BEAT_SCHEDULE = {
+    "openonce-notify": {
+        "task": "openonce.notify",
+        "schedule": OPENONCE_NOTIFY_INTERVAL,
+        "options": {"expires": OPENONCE_NOTIFY_INTERVAL},
+    },
     "openonce-sweep": {
         "task": "openonce.tick",
         "schedule": OPENONCE_SWEEP_INTERVAL,
