@@ -210,7 +210,8 @@ def _short(value: Any, show_digest: bool) -> str:
     if is_secret(value):
         return secret_text(value, show_digest)
     if isinstance(value, str):
-        return repr(value if len(value) <= 30 else value[:29] + "…")
+        # Quoted as written (not repr): a hidden character is then marked by visible_text.
+        return "'" + (value if len(value) <= 30 else value[:29] + "…") + "'"
     if isinstance(value, dict):
         return "{…}"
     if isinstance(value, list):
