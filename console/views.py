@@ -339,7 +339,10 @@ def audit_export(request: HttpRequest, fmt: str) -> HttpResponse:
 
 def _get_effect_or_404(effect_id: str) -> Effect:
     """Every effect is visible to whoever may read the ledger; an id that names none is a
-    404 (the same answer a hidden one would get, so ids cannot be probed)."""
+    404 (the same answer a hidden one would get, so ids cannot be probed). One no
+    database could hold (a NUL byte, a novel's length) names none either."""
+    if len(effect_id) > 200 or "\x00" in effect_id:
+        raise Http404("no effect with that id")
     effect = selectors.effect(effect_id)
     if effect is None:
         raise Http404("no effect with that id")
