@@ -96,7 +96,21 @@ _THREE_DECIMAL = ("BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND")
 _EXPONENT = {**dict.fromkeys(_ZERO_DECIMAL, 0), **dict.fromkeys(_THREE_DECIMAL, 3)}
 _AMOUNT_NAMES = ("amount", "amount_cents", "amount_minor", "total", "total_cents", "price")
 _CURRENCY_NAMES = ("currency", "currency_code")
-_CUSTOMER_NAMES = ("customer", "customer_id", "customer_email", "account", "to", "recipient")
+# Who or what the effect acts on: the customer, and the object or address it touches.
+_CUSTOMER_NAMES = (
+    "customer",
+    "customer_id",
+    "customer_email",
+    "account",
+    "to",
+    "recipient",
+    "email",
+    "charge",
+    "charge_id",
+    "payment_intent",
+    "order",
+    "order_id",
+)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from openonce_core.states import TERMINAL, EffectState
 from openonce_site.ledger import get_openonce, get_reconciler
 from reconciler.health import Health, reconciler_health
 
-from .context import Requester, Verdict, probe_verdict, requester
+from .context import Fact, Requester, Verdict, amounts, customer, probe_verdict, requester
 from .models import Approval, Effect, JournalEntry
 from .search import Search
 
@@ -84,6 +84,7 @@ class QueueItem:
     requester: Requester | None = None
     verdict: Verdict | None = None
     new: bool = False  # changed since the page was first loaded
+    facts: list[Fact] = field(default_factory=list)  # amounts with currency, customer
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ def human_queue(
             requester(actors.get(e.id), e.scope),
             probe_verdict(e.verification_evidence),
             new=since is not None and e.updated_at > since,
+            facts=[*amounts(e.args), *customer(e.args)][:3],
         )
         for e in effects
     ]
