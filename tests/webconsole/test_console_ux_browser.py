@@ -65,7 +65,7 @@ def test_focus_and_a_selection_survive_three_refreshes(open_page, agent: Agent, 
     # Select the second row's argument summary, as someone about to copy it would.
     selected = page.evaluate(
         """(id) => {
-            const cell = document.querySelector(`#row-${id} td.args`);
+            const cell = document.querySelector(`#row-${id} .args`);
             const range = document.createRange();
             range.selectNodeContents(cell);
             const sel = window.getSelection();
