@@ -329,8 +329,7 @@ def test_a_rejected_receipt_is_shown_inline_and_nothing_changes(page: Page, agen
     form.get_by_role("button", name="Resolve: it happened").click()
     # Checked before anything is sent to the core, each problem said once.
     expect(form.locator(".errorlist")).to_contain_text(
-        "The receipt breaks the provider contract: receipt is missing required field"
-        " 'stripe_id'."
+        "The receipt breaks the provider contract: receipt is missing required field 'stripe_id'."
     )
     expect(receipt).to_have_value('{"wrong": 1}')  # as typed, to correct it
     expect(state_badge(page)).to_have_attribute("data-state", "unknown")

@@ -253,3 +253,34 @@ def test_the_detail_page_gives_the_decision_context_first(agent: Agent, users) -
     assert 'id="action-resolve-happened"' not in page
     # Times are <time> elements in UTC, shown locally by console.js.
     assert '<time datetime="' in page and 'Z" title="' in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_after_approval_the_page_says_nothing_ran_and_the_queue_still_shows_it(
+    agent: Agent, users
+) -> None:
+    effect_id = agent.pending(charge="ch_ok", amount=900)
+    approver = client_for(users["approver"])
+    assert decide(approver, "approve", effect_id, agent.fence(effect_id)).status_code == 302
+
+    page = html(approver.get(reverse("effect", args=[effect_id])))
+    assert "Approved: nothing has run yet." in page
+    assert "It runs when the agent makes the same call again." in page
+    assert "Withdraw the approval (deny)" in page  # the core still accepts a deny
+    assert 'id="action-approve"' not in page  # approving again is not legal
+    assert 'id="action-resolve-happened"' not in page
+    queue = html(approver.get(reverse("queue"), {"kind": "approved"}))
+    assert effect_id in queue and "Approved, waiting for the agent" in queue
+    assert effect_id not in html(approver.get(reverse("queue")))  # nobody has to act
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rearm_that_would_be_refused_is_not_offered(agent: Agent, users) -> None:
+    effect_id = agent.call(
+        "email.send", UNKNOWN, to="ann@example.com"
+    )  # SMTP: a miss is no evidence
+    page = html(client_for(users["operator"]).get(reverse("effect", args=[effect_id])))
+    assert 'id="action-resolve-not-happened"' not in page
+    assert "not offered, because a miss is not evidence for this provider" in page
+    page = html(client_for(users["admin"]).get(reverse("effect", args=[effect_id])))
+    assert 'id="action-resolve-not-happened"' in page  # the override permission

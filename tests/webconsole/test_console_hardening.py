@@ -217,3 +217,30 @@ def test_an_effect_id_that_names_nothing_is_a_404_whatever_it_holds(agent: Agent
     for effect_id in ("eff_nope", "x" * 5000, "²", "%00", "..%2f..", "\u202e", "a%00b"):
         assert client.get(f"/effects/{effect_id}/").status_code == 404
     assert CSRF  # the client set the CSRF cookie, so POSTs above were not refused by it
+
+
+def test_templates_hold_nothing_the_content_security_policy_would_block() -> None:
+    """script-src 'self' and style-src 'self' without 'unsafe-inline': no inline script,
+    no style attribute or element, no inline handler, no htmx feature that evaluates."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "templates"
+    offences = []
+    for template in root.rglob("*.html"):
+        text = re.sub(r"\{#.*?#\}", "", template.read_text())  # comments are not sent
+        for pattern, what in [
+            (r"<script(?![^>]*\bsrc=)[^>]*>", "inline <script>"),
+            (r"<style\b", "<style> element"),
+            (r"\sstyle=", "style attribute"),
+            (r"\son[a-z]+=", "inline event handler"),
+            (r"hx-on", "hx-on (evaluated)"),
+            (r"js:", "js: expression"),
+            (r"hx-vals=['\"]js", "evaluated hx-vals"),
+            (r'hx-trigger="[^"]*\[', "hx-trigger filter (evaluated)"),
+        ]:
+            if re.search(pattern, text):
+                offences.append(f"{template.relative_to(root)}: {what}")
+    assert offences == []
+    base = (root / "base.html").read_text()
+    assert '"includeIndicatorStyles": false' in base and '"allowEval": false' in base

@@ -359,4 +359,3 @@ def test_screenshots_of_queue_detail_and_search_at_both_widths(
             assert screenshot(page, f"ux-detail-{suffix}").stat().st_size > 10_000
             page.goto(reverse("effects") + "?q=stripe.*")
             assert screenshot(page, f"ux-search-{suffix}").stat().st_size > 10_000
-
