@@ -400,3 +400,29 @@ def test_email_goes_through_django_mail_and_a_refusal_is_retried(
 def test_a_malformed_channel_stops_the_notifier_with_its_name(doc: str, problem: str) -> None:
     with override_settings(OPENONCE_NOTIFY=doc), pytest.raises(ImproperlyConfigured, match=problem):
         channels()
+
+
+def test_the_notify_command_says_which_variable_to_set(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "openonce_site.settings.dev",
+        "OPENONCE_DATABASE": str(tmp_path / "nowhere.db"),
+    }
+    out = subprocess.run(
+        [sys.executable, "manage.py", "notify"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 1
+    assert "set OPENONCE_DATABASE" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "nowhere.db").exists()  # nothing was created on the way
