@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from openonce_core.providers import Capability
@@ -211,10 +210,6 @@ def probe_verdict(verification_evidence: Any) -> Verdict | None:
     observed = last.get("observed")
     claimed = observed.get("receipt") if isinstance(observed, dict) else None
     return Verdict(outcome, words, at, claimed or last.get("receipt"))
-
-
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
 
 
 # -- receipts -----------------------------------------------------------------------------

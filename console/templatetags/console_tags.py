@@ -80,6 +80,13 @@ def visible(value: Any) -> SafeString:
 
 
 @register.filter
+def visible_plain(value: Any) -> str:
+    """The same for places that hold text only (a page title): ``[U+202E]``."""
+    text = "" if value is None else str(value)
+    return "".join(f"[U+{ord(c):04X}]" if _hidden(c) else c for c in text)
+
+
+@register.filter
 def duration(seconds: float | None) -> str:
     """``42s``, ``3m 20s``, ``2h 5m``, ``4d 1h``."""
     if seconds is None:

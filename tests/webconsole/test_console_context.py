@@ -43,6 +43,12 @@ def test_a_reversed_iban_reads_as_a_warning_not_as_text() -> None:
     assert "RIGHT-TO-LEFT OVERRIDE" in shown  # named on hover
 
 
+def test_a_page_title_gets_the_marker_as_text() -> None:
+    from console.templatetags.console_tags import visible_plain
+
+    assert visible_plain("wire\u202e.transfer") == "wire[U+202E].transfer"
+
+
 def test_visible_escapes_html_and_keeps_plain_text_plain() -> None:
     assert str(visible("<b>refund</b> & more\nline two\tok")) == (
         "&lt;b&gt;refund&lt;/b&gt; &amp; more\nline two\tok"
