@@ -123,17 +123,21 @@ def human_queue(
     merged = heapq.merge(*streams, key=lambda e: (e.updated_at, e.id))
     effects = list(itertools.islice(merged, QUEUE_LIMIT))
     actors = first_actors([e.id for e in effects])
+    tiers: dict[str, str] = {}
+    for e in effects:
+        if e.tool not in tiers:
+            tiers[e.tool] = evidence_tier(e.tool)
     items = [
         QueueItem(
             e,
             max(0.0, at - e.updated_at),
-            evidence_tier(e.tool),
+            tiers[e.tool],
             requester(actors.get(e.id), e.scope),
             probe_verdict(e.verification_evidence),
             new=since is not None and e.updated_at > since,
-            facts=[*amounts(e.args), *customer(e.args)][:3],
+            facts=[*amounts(args), *customer(args)][:3],
         )
-        for e in effects
+        for e, args in ((e, e.args) for e in effects)
     ]
     return Queue(items, counts, at)
 

@@ -135,6 +135,10 @@ def effect_list(request: HtmxHttpRequest) -> HttpResponse:
         "page": page,
         "search": form.cleaned_data.get("q") if status == 200 else None,
         "filter_params": form.params(),
+        # A search from the box shows its results first; the filters fold away.
+        "filters_open": status != 200
+        or any(n != "q" for n, _ in form.params())
+        or not form.params(),
         "may_see_digests": _may_see_digests(request),
         "bulk_actions": [
             (name, label)
