@@ -426,3 +426,15 @@ def test_the_notify_command_says_which_variable_to_set(tmp_path) -> None:
     assert out.returncode == 1
     assert "set OPENONCE_DATABASE" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "nowhere.db").exists()  # nothing was created on the way
+
+
+def test_beat_schedules_the_notifier_and_the_worker_knows_its_task() -> None:
+    from django.conf import settings
+
+    from openonce_site.celery import app
+
+    entry = settings.CELERY_BEAT_SCHEDULE["openonce-notify"]
+    assert entry["task"] == "openonce.notify"
+    assert entry["schedule"] == settings.OPENONCE_NOTIFY_INTERVAL
+    app.loader.import_default_modules()  # what a worker does at start-up
+    assert "openonce.notify" in app.tasks
