@@ -276,3 +276,46 @@ def empty_fields(receipt: dict[str, Any]) -> list[str]:
     """Fields left as the template had them (an empty string or null): a receipt records
     what the provider answered, and an empty id answers nothing."""
     return sorted(k for k, v in receipt.items() if v is None or v == "")
+
+
+# -- the journal as a timeline -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimelineLine:
+    seq: int
+    at: float
+    actor: str
+    from_state: str | None
+    to_state: str
+    reason: str
+    evidence: Any
+    overrides: list[str]  # what a person overrode on this line, in words
+
+
+def timeline(entries: list[Any]) -> list[TimelineLine]:
+    """Journal lines as the detail page shows them, each line's evidence parsed once and
+    its overrides (a re-arm against the provider matrix, a receipt's identity) named."""
+    lines = []
+    for entry in entries:
+        evidence = entry.evidence
+        overrides: list[str] = []
+        if isinstance(evidence, dict):
+            if evidence.get("override"):
+                overrides.append(str(evidence["override"]))
+            found = evidence.get("identity_override")
+            if isinstance(found, list):
+                overrides.extend(str(p) for p in found)
+        lines.append(
+            TimelineLine(
+                entry.seq,
+                entry.at,
+                entry.actor,
+                entry.from_state,
+                entry.to_state,
+                entry.reason,
+                evidence,
+                overrides,
+            )
+        )
+    return lines

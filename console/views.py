@@ -468,7 +468,7 @@ def _detail_context(
         "verdict": context.probe_verdict(effect.verification_evidence),
         "meaning": meaning,
         "next_step": next_step,
-        "journal": journal_lines,
+        "journal": context.timeline(journal_lines),
         "journal_total": journal_total,
         "approvals": approvals,
         "valid_approvals": len(valid),
