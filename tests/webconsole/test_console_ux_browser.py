@@ -345,7 +345,7 @@ def test_screenshots_of_queue_detail_and_search_at_both_widths(
     open_page, agent: Agent, users
 ) -> None:
     refund = agent.call("stripe.refund", charge_id="pi_demo1", amount_cents=2500, currency="usd")
-    agent.call("email.send", UNKNOWN, to="ann@example.com", subject="Your refund")
+    email = agent.call("email.send", UNKNOWN, to="ann@example.com", subject="Your refund")
     agent.human_review(order="hr-shot")
     agent.unknown("ledger.sync", order="o-shot")
     for name, viewport in (("desktop", DESKTOP), ("phone", PHONE)):
@@ -359,3 +359,5 @@ def test_screenshots_of_queue_detail_and_search_at_both_widths(
             assert screenshot(page, f"ux-detail-{suffix}").stat().st_size > 10_000
             page.goto(reverse("effects") + "?q=stripe.*")
             assert screenshot(page, f"ux-search-{suffix}").stat().st_size > 10_000
+            page.goto(reverse("effect", args=[email]))
+            assert screenshot(page, f"ux-receipt-{suffix}").stat().st_size > 10_000
