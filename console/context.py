@@ -215,6 +215,9 @@ def probe_verdict(verification_evidence: Any) -> Verdict | None:
 # -- receipts -----------------------------------------------------------------------------
 
 
+DOMAIN_PLACEHOLDER = "your-sending-domain"  # refused in a receipt: the person must fill it
+
+
 @dataclass(frozen=True)
 class ReceiptTemplate:
     capability: str
@@ -243,7 +246,7 @@ def receipt_template(
             if arg in args:
                 doc[receipt_field] = args[arg]
     if "message_id" in doc:
-        domain = mail_domain or "your-sending-domain"
+        domain = mail_domain or DOMAIN_PLACEHOLDER
         doc["message_id"] = f"<{provider_key}@{domain}>"
         notes.append(
             "The Message-ID is this effect's own (set from its provider key)"

@@ -18,7 +18,7 @@ from openonce_core.providers import Capability, check_receipt, receipt_identity_
 from openonce_core.states import EffectState
 
 from . import search
-from .context import empty_fields
+from .context import DOMAIN_PLACEHOLDER, empty_fields
 from .selectors import AUDIT_ACTIONS, AuditFilter, Cursor, EffectFilter
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", re.IGNORECASE)
@@ -224,6 +224,10 @@ class ResolveHappenedForm(DecisionForm):
                 "Fill in or remove the empty field" + ("s " if len(empty) > 1 else " ")
                 + ", ".join(empty) + ": a receipt records what the provider answered."
             )  # fmt: skip
+        if DOMAIN_PLACEHOLDER in json.dumps(receipt):
+            raise forms.ValidationError(
+                f"Replace {DOMAIN_PLACEHOLDER} with the domain the message was sent from."
+            )
         if self.effect is not None:
             args = self.effect.args if isinstance(self.effect.args, dict) else {}
             # One capability's wording per problem: email.send matches two capabilities

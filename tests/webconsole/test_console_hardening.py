@@ -145,6 +145,7 @@ RECEIPTS = [
     "x" * 25_000,
     '{"stripe_id": ""}',
     '{"stripe_id": null}',
+    '{"stripe_id": "pi_1", "message_id": "<oo_x@your-sending-domain>"}',  # the placeholder
 ]
 
 
