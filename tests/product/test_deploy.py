@@ -124,5 +124,5 @@ def test_celery_entry_points_load_the_app_and_its_schedule(fresh_db):
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert probe.returncode == 0, probe.stderr
-    assert "['openonce.reconcile_batch', 'openonce.tick']" in probe.stdout
+    assert "['openonce.notify', 'openonce.reconcile_batch', 'openonce.tick']" in probe.stdout
     assert "openonce.tick" in probe.stdout
