@@ -28,7 +28,8 @@ from django_htmx.middleware import HtmxDetails
 
 from notifications.selectors import deliveries_for
 
-from . import actions, context, exports, selectors
+from . import actions, exports, selectors
+from . import context as decision
 from .access import deny, permission_required, require
 from .forms import (
     BULK_ACTIONS,
@@ -375,7 +376,7 @@ def _action_form(
         kwargs["can_override"] = may_override and not selectors.miss_may_rearm(effect.tool)
     if action.name == "resolve-happened":
         capabilities = selectors.capabilities_for(effect.tool)
-        template = context.receipt_template(
+        template = decision.receipt_template(
             capabilities,
             provider_key=effect.provider_key,
             args=effect.args,
@@ -454,7 +455,7 @@ def _detail_context(
     }
     args = effect.args
     first_actor = selectors.first_actors([effect.id]).get(effect.id)
-    meaning, next_step = context.STATE_MEANINGS.get(effect.state, ("", ""))
+    meaning, next_step = decision.STATE_MEANINGS.get(effect.state, ("", ""))
     capabilities = selectors.capabilities_for(effect.tool)
     probed = effect.tool in selectors.registered_probers()
     return {
@@ -462,13 +463,13 @@ def _detail_context(
         # A list, not the dict: a template would read ``args.items`` as an argument
         # named "items" if a tool had one.
         "arguments": list(args.items()) if isinstance(args, dict) else [("(all)", args)],
-        "amounts": context.amounts(args),
-        "customer": context.customer(args),
-        "requester": context.requester(first_actor, effect.scope),
-        "verdict": context.probe_verdict(effect.verification_evidence),
+        "amounts": decision.amounts(args),
+        "customer": decision.customer(args),
+        "requester": decision.requester(first_actor, effect.scope),
+        "verdict": decision.probe_verdict(effect.verification_evidence),
         "meaning": meaning,
         "next_step": next_step,
-        "journal": context.timeline(journal_lines),
+        "journal": decision.timeline(journal_lines),
         "journal_total": journal_total,
         "approvals": approvals,
         "valid_approvals": len(valid),
@@ -476,7 +477,7 @@ def _detail_context(
         "guidance": [(c, c.guidance(prober_registered=probed)) for c in capabilities],
         "show_template": any(i.action.name == "resolve-happened" for i in offered),
         "tier": selectors.evidence_tier(effect.tool),
-        "receipt_template": context.receipt_template(
+        "receipt_template": decision.receipt_template(
             capabilities,
             provider_key=effect.provider_key,
             args=args,
