@@ -41,8 +41,11 @@ CSP = (
 )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
+    """One browser per module: Playwright's sync API runs an asyncio loop on this thread
+    while it is open, and a session-long one would break every later test that calls
+    asyncio.run() (pytest-django runs the database tests, these among them, first)."""
     from playwright.sync_api import sync_playwright
 
     # Playwright's sync API keeps an asyncio loop on this thread while it is open, so
