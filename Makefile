@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PG_TEST_DSN ?= postgresql://root@127.0.0.1:5432/test
+# axe-core (the accessibility checker the browser tests inject), from the npm registry.
+AXE_VERSION := 4.10.3
+AXE := $(VENV)/axe/node_modules/axe-core/axe.min.js
 
 .PHONY: venv demo test lint bench bench-reconcile bench-daemon bench-console clean check-python
 
@@ -40,7 +43,14 @@ demo: venv
 	  echo "The deployment tests need Debian's Caddy: sudo apt-get install caddy"; exit 1; \
 	fi
 
-test: venv /usr/bin/chromium /usr/bin/caddy
+$(AXE):
+	@command -v npm >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; \
+	  else echo "The accessibility tests need npm: sudo apt-get install npm"; exit 1; fi; }
+	npm install --silent --no-save --no-package-lock --no-audit --no-fund \
+	  --prefix $(VENV)/axe axe-core@$(AXE_VERSION)
+
+test: venv /usr/bin/chromium /usr/bin/caddy $(AXE)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	OPENONCE_TEST_PG=$(PG_TEST_DSN) OPENONCE_DATABASE=$(PG_TEST_DSN) $(PY) -m pytest -q

@@ -49,6 +49,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 from daemon import database_url
 from ledger import code_revision, say
@@ -67,7 +68,7 @@ RARE = "/effects/?state=failed&tool=email.send"  # 0.6% of effects
 WARMUP = 5
 TOP_STATEMENTS = 3  # costliest ledger/sweep statements reported per page ...
 TOP_MIN_MS = 1.0  # ... beyond the first, those costing at least this per request
-BUDGET_MS = {"queue": 100.0, "list": 100.0, "detail": 50.0}
+BUDGET_MS = {"queue": 100.0, "list": 100.0, "search": 100.0, "detail": 50.0}
 
 # Which state each effect gets, by n % 1000: exact counts, 1% in the human queue.
 STATE_BUCKETS = [
@@ -382,6 +383,9 @@ class Data:
     big_effect: str = ""
     big_lines: int = 0
     search_key: str = ""
+    search_id: str = ""
+    search_scope: str = ""
+    search_customer: str = ""
     sizes_mb: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -425,6 +429,14 @@ def seed(dsn: str, count: int) -> Data:
             (count // 2,),
         ).fetchone()
         data.search_key = row[0] if row else "charge:ord_00000001"
+        sample = conn.execute(
+            "SELECT id, scope, args_json::jsonb ->> 'customer' FROM seed"
+            " WHERE tool = 'stripe.charge' AND scope IS NOT NULL AND n >= %s ORDER BY n LIMIT 1",
+            (count // 3,),
+        ).fetchone()
+        if sample is None:
+            raise RuntimeError("no stripe.charge effect with a scope to search for")
+        data.search_id, data.search_scope, data.search_customer = sample
         data.effects, _ = step("effects", EFFECTS_SQL)
         data.journal, _ = step("journal", JOURNAL_SQL)
         data.approvals, _ = step("approvals", APPROVALS_SQL)
@@ -589,7 +601,36 @@ def both(*checks: Check) -> Check:
     return check
 
 
-EFFECT_ROWS = r'<a href="/effects/eff_[0-9a-f]{32}/"'
+def search_queries(data: Data, one: Check, page_full: Check) -> list[tuple[str, str, Check]]:
+    """One search of each kind, with what its page must show."""
+    some = _at_least(EFFECT_ROWS, 1)
+    return [
+        ("search: effect id, full", data.search_id, one),
+        ("search: effect id prefix", data.search_id[:12], some),
+        ("search: key prefix", "key:" + data.search_key[:-2], some),
+        ("search: scope prefix", "scope:" + (data.search_scope or "")[:12], some),
+        ("search: tool glob stripe.*", "stripe.*", page_full),
+        ("search: tool glob, rare (slack.*)", "slack.*", page_full),
+        ("search: argument value (JSON)", f"customer={data.search_customer}", some),
+        ("search: argument, two values", f"customer={data.search_customer} currency=usd", some),
+        ("search: plain token (any kind)", data.search_key[:-2], some),
+    ]
+
+
+def _at_least(pattern: str, least: int) -> Check:
+    regex = re.compile(pattern)
+
+    def check(response: Any) -> None:
+        if response.status_code != 200:
+            raise AssertionError(f"status {response.status_code}")
+        found = len(regex.findall(response.content.decode()))
+        if found < least:
+            raise AssertionError(f"{found} matches of {pattern!r}, expected >= {least}")
+
+    return check
+
+
+EFFECT_ROWS = r'<a data-row-link href="/effects/eff_[0-9a-f]{32}/"'
 JOURNAL_ROWS = r'<div class="when">#\d+'
 
 
@@ -649,7 +690,7 @@ def _short(params: Any, most: int = 200) -> str:
 
 def next_link(response: Any) -> str:
     text = response.content.decode()
-    match = re.search(r'<a href="(/effects/\?[^"]*after=[^"]*)"', text)
+    match = re.search(r'<a rel="next" href="(/effects/\?[^"]*after=[^"]*)"', text)
     if match is None:
         raise AssertionError("no 'next' link on a page that should have one")
     return html.unescape(match.group(1))
@@ -738,6 +779,10 @@ def run_pages(url: str, dsn: str, data: Data, runs: int, want_explain: bool) -> 
             page(f"list stuck > {STUCK}", "list", f"/effects/?stuck={STUCK}", list_rows)
             key_rows = rows_check(EFFECT_ROWS, 1)
             page("list key search", "list", f"/effects/?key={data.search_key}", key_rows)
+            # The search box, one query of each kind (console/search.py), counted up to
+            # 10,000 like every list.
+            for name, query, check in search_queries(data, key_rows, list_rows):
+                page(name, "search", "/effects/?" + urlencode({"q": query}), check)
             detail = f"/effects/{data.big_effect}/"
             # The page shows the newest JOURNAL_SHOWN lines and says how many there are
             # in all; the exports hold every line.

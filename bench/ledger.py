@@ -99,6 +99,7 @@ def raw_table_ddl(dialect: str) -> list[str]:
             text = " ".join(stmt.split())
             if (
                 text.startswith(("CREATE TABLE openonce_effects ", "ALTER TABLE openonce_effects "))
+                or text.startswith("DROP INDEX IF EXISTS openonce_effects_")  # replaced later
                 or " ON openonce_effects " in text
             ):
                 statements.append(text.replace("openonce_effects", "bench_raw"))

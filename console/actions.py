@@ -1,8 +1,9 @@
 """The decisions a person makes in the console, each one call into the core.
 
-The console never writes ledger rows (DESIGN.md invariant 1): every decision here goes
-through ``get_openonce()``, pinned to the fence the person saw, and is journaled by the
-core as ``operator:<username>`` with the reason given.
+The console never writes ledger rows (invariant 1 of ARCHITECTURE.md): every decision
+here goes through ``get_openonce()``, pinned to the fence the person saw, and is
+journaled by the core as ``operator:<username>`` with the reason given. Where each
+decision is offered comes from the core's state table (``openonce_core.states``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from openonce_core import (
     ProviderContractError,
 )
 from openonce_core.records import Effect as CoreEffect
-from openonce_core.states import NOT_STARTED, EffectState
+from openonce_core.states import MOVES, EffectState
 from openonce_site.ledger import get_openonce
 
 from . import forms as console_forms
@@ -45,46 +46,55 @@ class Action:
     name: str  # as in the URL
     label: str
     perm: str
-    states: frozenset[str]  # where the console offers it; the core has the last word
+    move: str  # the core's decision (openonce_core.states.MOVES)
     form_class: type[console_forms.DecisionForm]
     danger: bool = False
+    labels: tuple[tuple[str, str], ...] = ()  # (state, label) where the label differs
+
+    @property
+    def states(self) -> frozenset[str]:
+        """Where the console offers it: where the state table allows the decision."""
+        return frozenset(str(s) for s in MOVES[self.move].sources)
+
+    def label_for(self, state: str) -> str:
+        return dict(self.labels).get(state, self.label)
+
+
+def allowed(state: str) -> list[Action]:
+    """The decisions the core accepts for an effect in ``state``, in page order."""
+    return [a for a in ACTIONS.values() if state in a.states]
 
 
 ACTIONS: dict[str, Action] = {
     a.name: a
     for a in (
-        Action(
-            "approve",
-            "Approve",
-            APPROVE,
-            frozenset({S.REQUIRES_APPROVAL}),
-            console_forms.ApproveForm,
-        ),
+        Action("approve", "Approve", APPROVE, "approve", console_forms.ApproveForm),
         Action(
             "deny",
             "Deny",
             APPROVE,
             # An approval can be withdrawn until the call runs: deny an approved one too.
-            frozenset({S.REQUIRES_APPROVAL, S.APPROVED}),
+            "deny",
             console_forms.ReasonForm,
             danger=True,
+            labels=((S.APPROVED, "Withdraw the approval (deny)"),),
         ),
         Action(
             "resolve-happened",
             "Resolve: it happened",
             RESOLVE,
-            frozenset({S.UNKNOWN, S.HUMAN_REVIEW}),
+            "resolve_happened",
             console_forms.ResolveHappenedForm,
         ),
         Action(
             "resolve-not-happened",
             "Resolve: it did not happen",
             RESOLVE,
-            frozenset({S.UNKNOWN, S.HUMAN_REVIEW}),
+            "resolve_not_happened",
             console_forms.ResolveNotHappenedForm,
             danger=True,
         ),
-        Action("cancel", "Cancel", CANCEL, frozenset(NOT_STARTED), console_forms.ReasonForm, True),
+        Action("cancel", "Cancel", CANCEL, "cancel", console_forms.ReasonForm, True),
     )
 }
 
@@ -108,6 +118,9 @@ def decide(action: str, effect_id: str, by: str, data: Mapping[str, Any]) -> Cor
             reason=reason,
             require_receipt_contract=True,  # checked before commit, not after
             expected_fence=fence,
+            # The form found the receipt names another identity and the person, holding
+            # the permission, overrode it with a reason; the core journals both.
+            override_identity=bool(data.get("override_identity")),
         )
     if action == "resolve-not-happened":
         return oo.resolve_not_happened(

@@ -8,25 +8,32 @@ an effect that has moved on.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 from django import forms
 
+from openonce_core.providers import Capability, check_receipt, receipt_identity_problems
 from openonce_core.states import EffectState
 
-from .selectors import Cursor, EffectFilter
+from . import search
+from .context import DOMAIN_PLACEHOLDER, empty_fields
+from .selectors import AUDIT_ACTIONS, AuditFilter, Cursor, EffectFilter
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``15m``, ``2h``, ``1d`` -> seconds."""
+    """``90``, ``90s``, ``15m``, ``2h``, ``1d`` -> seconds (at most ten years)."""
     match = _DURATION.match(text)
     if not match:
         raise ValueError(text)
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
+    if not math.isfinite(seconds) or seconds > 10 * 365 * 86400:
+        raise ValueError(text)
+    return seconds
 
 
 class DurationField(forms.CharField):
@@ -44,34 +51,14 @@ class DurationField(forms.CharField):
             raise forms.ValidationError(self.error_messages["invalid"], code="invalid") from None
 
 
-class EffectFilterForm(forms.Form):
-    """The effects list filter. Bound to ``request.GET``: the filter is the URL."""
+class CursorField(forms.CharField):
+    widget = forms.HiddenInput
 
-    state = forms.ChoiceField(
-        required=False, choices=[("", "any state"), *((s.value, s.value) for s in EffectState)]
-    )
-    tool = forms.CharField(required=False, max_length=200)
-    scope = forms.CharField(required=False, max_length=200, label="Scope / run id")
-    key = forms.CharField(required=False, max_length=500, label="Idempotency key")
-    created_from = forms.DateTimeField(
-        required=False,
-        label="Created from (UTC)",
-        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
-    )
-    created_to = forms.DateTimeField(
-        required=False,
-        label="Created before (UTC)",
-        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
-    )
-    stuck = DurationField(
-        required=False,
-        label="Stuck for longer than",
-        help_text="e.g. 15m, 2h, 1d: not finished and unchanged that long",
-    )
-    after = forms.CharField(required=False, widget=forms.HiddenInput, max_length=200)
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(required=False, max_length=200, **kwargs)
 
-    def clean_after(self) -> Cursor | None:
-        text = self.cleaned_data.get("after") or ""
+    def clean(self, value: Any) -> Cursor | None:  # type: ignore[override]
+        text = super().clean(value)
         if not text:
             return None
         try:
@@ -79,9 +66,62 @@ class EffectFilterForm(forms.Form):
         except ValueError:
             raise forms.ValidationError("That page link is malformed; start again.") from None
 
+
+class EffectFilterForm(forms.Form):
+    """The effects list filter. Bound to ``request.GET``: the filter is the URL."""
+
+    q = forms.CharField(
+        required=False,
+        max_length=search.MAX_QUERY,
+        label="Search",
+        help_text="An effect id or its start, a key or run id prefix, a tool glob such as"
+        " stripe.*, or argument values such as charge=ch_1",
+    )
+    state = forms.ChoiceField(
+        required=False, choices=[("", "any state"), *((s.value, s.value) for s in EffectState)]
+    )
+    tool = forms.CharField(required=False, max_length=200, help_text="a name or a glob: stripe.*")
+    scope = forms.CharField(required=False, max_length=200, label="Scope / run id")
+    key = forms.CharField(required=False, max_length=500, label="Idempotency key")
+    created_from = forms.DateTimeField(
+        required=False,
+        label="Created from (UTC)",
+        input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"],
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+    )
+    created_to = forms.DateTimeField(
+        required=False,
+        label="Created before (UTC)",
+        input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"],
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+    )
+    stuck = DurationField(
+        required=False,
+        label="Stuck for longer than",
+        help_text="e.g. 15m, 2h, 1d: not finished and unchanged that long",
+    )
+    after = CursorField()
+    before = CursorField()
+
+    def clean_q(self) -> search.Search | None:
+        try:
+            return search.parse(self.cleaned_data.get("q") or "")
+        except search.SearchError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        start, end = data.get("created_from"), data.get("created_to")
+        if start and end and start >= end:
+            self.add_error("created_to", "Must be later than “Created from”.")
+        if data.get("after") and data.get("before"):
+            raise forms.ValidationError("That page link is malformed; start again.")
+        return data
+
     def to_filter(self) -> EffectFilter:
         data = self.cleaned_data
         return EffectFilter(
+            search=data["q"],
             state=data["state"],
             tool=data["tool"],
             scope=data["scope"],
@@ -96,7 +136,7 @@ class EffectFilterForm(forms.Form):
         return [
             (name, str(self.data[name]))
             for name in EffectFilterForm.base_fields
-            if name != "after" and self.data.get(name)
+            if name not in ("after", "before") and self.data.get(name)
         ]
 
 
@@ -125,26 +165,110 @@ class ReasonForm(DecisionForm):
     field_order = ["reason", "confirm"]
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_receipt(text: str) -> dict[str, Any]:
+    """A receipt as typed: a non-empty JSON object of strict JSON (no NaN, no 5,000-digit
+    integers); ``ValidationError`` saying what is wrong otherwise."""
+    try:
+        receipt = json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        raise forms.ValidationError(f"The receipt is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise forms.ValidationError("The receipt is nested too deeply.") from None
+    except ValueError as exc:  # NaN/Infinity, or an integer too long to convert
+        raise forms.ValidationError(f"The receipt is not strict JSON: {exc}") from None
+    if type(receipt) is not dict or not receipt:
+        raise forms.ValidationError("The receipt must be a non-empty JSON object.")
+    return receipt
+
+
 class ResolveHappenedForm(DecisionForm):
     receipt = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false"}),
+        widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false", "class": "receipt"}),
         max_length=20000,
-        help_text='The provider\'s evidence as a JSON object, e.g. {"stripe_id": "ch_123"}.'
-        " It is checked against the provider's receipt contract before anything is committed.",
+        help_text="The provider's evidence as a JSON object, started from the template for"
+        " this provider. It is checked against the provider's receipt contract and this"
+        " effect's identity before anything is committed.",
     )
     reason = forms.CharField(required=False, max_length=2000)
-    field_order = ["receipt", "reason", "confirm"]
+    override_identity = forms.BooleanField(
+        required=False,
+        label="Override: commit although the receipt names another identity",
+        help_text="Needs the override permission and a reason; both are journaled.",
+    )
+    field_order = ["receipt", "reason", "override_identity", "confirm"]
+
+    def __init__(
+        self,
+        *args: Any,
+        capabilities: list[Capability] | None = None,
+        effect: Any = None,
+        can_override: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.capabilities = capabilities or []
+        self.effect = effect
+        self.identity_problems: list[str] = []
+        if not can_override:
+            del self.fields["override_identity"]
 
     def clean_receipt(self) -> dict[str, Any]:
-        try:
-            receipt = json.loads(self.cleaned_data["receipt"])
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"The receipt is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise forms.ValidationError("The receipt is nested too deeply.") from None
-        if type(receipt) is not dict or not receipt:
-            raise forms.ValidationError("The receipt must be a non-empty JSON object.")
+        receipt = parse_receipt(self.cleaned_data["receipt"])
+        empty = empty_fields(receipt)
+        if empty:
+            raise forms.ValidationError(
+                "Fill in or remove the empty field" + ("s " if len(empty) > 1 else " ")
+                + ", ".join(empty) + ": a receipt records what the provider answered."
+            )  # fmt: skip
+        if DOMAIN_PLACEHOLDER in json.dumps(receipt):
+            raise forms.ValidationError(
+                f"Replace {DOMAIN_PLACEHOLDER} with the domain the message was sent from."
+            )
+        if self.effect is not None:
+            args = self.effect.args if isinstance(self.effect.args, dict) else {}
+            # One capability's wording per problem: email.send matches two capabilities
+            # with the same contract, and each problem is shown once.
+            problems = []
+            for problem in check_receipt(self.capabilities, receipt, args):
+                text = problem.split(": ", 1)[-1]
+                if text not in problems:
+                    problems.append(text)
+            if problems:
+                raise forms.ValidationError(
+                    "The receipt breaks the provider contract: " + "; ".join(problems) + "."
+                )
         return receipt
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        receipt = data.get("receipt")
+        if receipt is None or self.effect is None:
+            return data
+        self.identity_problems = receipt_identity_problems(
+            self.capabilities,
+            receipt,
+            effect_id=self.effect.id,
+            provider_key=self.effect.provider_key,
+            args=self.effect.args,
+        )
+        if not self.identity_problems:
+            data["override_identity"] = False
+            return data
+        if not data.get("override_identity"):
+            self.add_error(
+                "receipt",
+                "This receipt names another effect: " + "; ".join(self.identity_problems)
+                + ". Nothing was committed."
+                + (" Tick the override and give a reason if you are sure."
+                   if "override_identity" in self.fields else ""),
+            )  # fmt: skip
+        elif not (data.get("reason") or "").strip():
+            self.add_error("reason", "An override needs a reason: the journal keeps it.")
+        return data
 
 
 class ResolveNotHappenedForm(DecisionForm):
@@ -183,3 +307,61 @@ class BulkApplyForm(forms.Form):
         label="Apply to exactly the effects listed above",
         error_messages={"required": "Tick the box to confirm the bulk action."},
     )
+
+
+# -- the audit log ------------------------------------------------------------------------
+
+
+class SeqField(forms.IntegerField):
+    widget = forms.HiddenInput
+
+    def __init__(self) -> None:
+        super().__init__(required=False, min_value=1, max_value=2**63 - 1)
+
+
+class AuditFilterForm(forms.Form):
+    """The audit log's filters, bound to ``request.GET``."""
+
+    actor = forms.CharField(required=False, max_length=150, help_text="a username")
+    action = forms.ChoiceField(
+        required=False,
+        choices=[("", "any decision"), *((k, label) for k, (label, _) in AUDIT_ACTIONS.items())],
+    )
+    tool = forms.CharField(required=False, max_length=200, help_text="a name or a glob")
+    since = forms.DateTimeField(
+        required=False,
+        label="From (UTC)",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+        input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"],
+    )
+    until = forms.DateTimeField(
+        required=False,
+        label="Before (UTC)",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+        input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"],
+    )
+    before = SeqField()
+    after = SeqField()
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("before") and data.get("after"):
+            raise forms.ValidationError("That page link is malformed; start again.")
+        return data
+
+    def to_filter(self) -> AuditFilter:
+        data = self.cleaned_data
+        return AuditFilter(
+            actor=data["actor"],
+            action=data["action"],
+            tool=data["tool"],
+            since=data["since"].timestamp() if data["since"] else None,
+            until=data["until"].timestamp() if data["until"] else None,
+        )
+
+    def params(self) -> list[tuple[str, str]]:
+        return [
+            (name, str(self.data[name]))
+            for name in AuditFilterForm.base_fields
+            if name not in ("before", "after") and self.data.get(name)
+        ]

@@ -1,7 +1,7 @@
 """The ledger's tables, mapped for reading.
 
 The core (``openonce_core``) owns these tables and their schema; every change goes through
-its API (DESIGN.md invariant 1). These models are ``managed = False`` and are used for
+its API (invariant 1 of ARCHITECTURE.md). These models are ``managed = False`` and are used for
 queries only: the console never saves them.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 from django.db import models
@@ -68,23 +69,23 @@ class Effect(ReadOnlyModel):
         default_permissions = ()
         permissions = list(PERMISSIONS.items())
 
-    @property
+    @cached_property
     def args(self) -> Any:
         return _json(self.args_json)
 
-    @property
+    @cached_property
     def result(self) -> Any:
         return _json(self.result_json)
 
-    @property
+    @cached_property
     def error(self) -> Any:
         return _json(self.error_json)
 
-    @property
+    @cached_property
     def execution_evidence(self) -> Any:
         return _json(self.execution_evidence_json)
 
-    @property
+    @cached_property
     def verification_evidence(self) -> Any:
         return _json(self.verification_evidence_json)
 
@@ -112,6 +113,7 @@ class JournalEntry(ReadOnlyModel):
     actor = models.TextField()
     reason = models.TextField()
     evidence_json = models.TextField(null=True)
+    action = models.TextField()  # the move of openonce_core.states.MOVES
 
     class Meta:
         managed = False
@@ -119,7 +121,7 @@ class JournalEntry(ReadOnlyModel):
         ordering = ["seq"]
         default_permissions = ()
 
-    @property
+    @cached_property
     def evidence(self) -> Any:
         return _json(self.evidence_json)
 

@@ -21,6 +21,7 @@ PERMISSIONS: dict[str, str] = {
     "resolve_effect": "Can resolve UNKNOWN and human-review effects as happened or not",
     "cancel_effect": "Can cancel effects that have not started",
     "override_rearm": "Can re-arm an effect although its provider says a miss is not evidence",
+    "override_identity": "Can commit a receipt that names another effect's identity, with a reason",
     "export_audit": "Can read and export the operator audit log",
 }
 
@@ -29,6 +30,7 @@ APPROVE = f"{APP_LABEL}.approve_effect"
 RESOLVE = f"{APP_LABEL}.resolve_effect"
 CANCEL = f"{APP_LABEL}.cancel_effect"
 OVERRIDE_REARM = f"{APP_LABEL}.override_rearm"
+OVERRIDE_IDENTITY = f"{APP_LABEL}.override_identity"
 EXPORT_AUDIT = f"{APP_LABEL}.export_audit"
 
 # Approving and resolving are separate roles on purpose: the person who lets a refund run

@@ -6,25 +6,33 @@ Reads only: decisions go through ``openonce_site.ledger.get_openonce()``.
 
 from __future__ import annotations
 
+import fnmatch
 import heapq
 import itertools
+import json
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db import connection
+from django.db.models import BooleanField, Min, Q, QuerySet
+from django.db.models.expressions import RawSQL
 
 from openonce_core.providers import TIERS, Capability, readiness_problems
 from openonce_core.states import TERMINAL, EffectState
 from openonce_site.ledger import get_openonce, get_reconciler
 from reconciler.health import Health, reconciler_health
 
+from .context import Fact, Requester, Verdict, amounts, customer, probe_verdict, requester
 from .models import Approval, Effect, JournalEntry
+from .search import Search
 
 S = EffectState
 
 QUEUE_LIMIT = 100  # rows on the human queue
-COUNT_CAP = 1000  # counts stop here and show "1000+"
+COUNT_CAP = 1000  # queue counts stop here and show "1000+"
+LIST_COUNT_CAP = 10_000  # list and search counts stop here and show "10,000+"
 UNKNOWN_SCAN = 1000  # oldest UNKNOWN rows looked at to find those past their grace
 PAGE_SIZE = 50
 JOURNAL_SHOWN = 200  # journal lines on the detail page (exports have every line)
@@ -34,6 +42,9 @@ EXPORT_LIMIT = 5000  # audit rows per export; ``before`` pages on
 BULK_LIMIT = 200  # a bulk action touches at most this many effects
 
 QUEUE_KINDS: tuple[str, ...] = (S.REQUIRES_APPROVAL, S.HUMAN_REVIEW, S.UNKNOWN)
+# Shown on the queue too, though no person has to act: approved effects wait for the
+# agent's next call, and would otherwise leave every view but a filter.
+WAITING_KINDS: tuple[str, ...] = (S.APPROVED,)
 # States an effect can be stuck in: everything not terminal.
 STUCK_STATES: tuple[str, ...] = tuple(s for s in EffectState if s not in TERMINAL)
 
@@ -62,14 +73,18 @@ class Count:
     capped: bool = False
 
     def __str__(self) -> str:
-        return f"{self.value}+" if self.capped else str(self.value)
+        return f"{self.value:,}+" if self.capped else f"{self.value:,}"
 
 
 @dataclass(frozen=True)
 class QueueItem:
     effect: Effect
     age: float  # seconds since the effect last changed
-    risk: str  # the provider capability's tier, or "unknown"
+    tier: str  # the provider capability's evidence tier, or "unknown"
+    requester: Requester | None = None
+    verdict: Verdict | None = None
+    new: bool = False  # changed since the page was first loaded
+    facts: list[Fact] = field(default_factory=list)  # amounts with currency, customer
 
 
 @dataclass(frozen=True)
@@ -78,14 +93,22 @@ class Queue:
     counts: dict[str, Count]
     at: float
 
+    @property
+    def waiting(self) -> int:
+        """How many need a person (the tab title's count)."""
+        return sum(self.counts[k].value for k in QUEUE_KINDS)
 
-def human_queue(kind: str | None = None, at: float | None = None) -> Queue:
+
+def human_queue(
+    kind: str | None = None, at: float | None = None, since: float | None = None
+) -> Queue:
     """Effects waiting for approval, in human review, and UNKNOWN past their grace window,
-    oldest change first, with a count per kind."""
+    oldest change first, with a count per kind; approved ones waiting for their agent
+    only when asked for. ``since``: rows that changed after it are marked new."""
     at = time.time() if at is None else at
     streams: list[list[Effect]] = []
     counts: dict[str, Count] = {}
-    for state in QUEUE_KINDS:
+    for state in (*QUEUE_KINDS, *WAITING_KINDS):
         if state == S.UNKNOWN:
             due_ids, counts[state] = _unknown_past_grace(at)
             # By primary key; still UNKNOWN, in case one was resolved since the scan.
@@ -94,16 +117,43 @@ def human_queue(kind: str | None = None, at: float | None = None) -> Queue:
             counts[state] = _capped_count(Effect.objects.filter(state=state))
             # openonce_effects_state_updated (state, updated_at, id)
             rows = Effect.objects.filter(state=state)
-        if kind in (None, state):
-            streams.append(
-                list(rows.only(*_LIST_COLUMNS).order_by("updated_at", "id")[:QUEUE_LIMIT])
-            )
+        if kind == state or (kind is None and state in QUEUE_KINDS):
+            columns = (*_LIST_COLUMNS, "verification_evidence_json")
+            streams.append(list(rows.only(*columns).order_by("updated_at", "id")[:QUEUE_LIMIT]))
     merged = heapq.merge(*streams, key=lambda e: (e.updated_at, e.id))
+    effects = list(itertools.islice(merged, QUEUE_LIMIT))
+    actors = first_actors([e.id for e in effects])
+    tiers: dict[str, str] = {}
+    for e in effects:
+        if e.tool not in tiers:
+            tiers[e.tool] = evidence_tier(e.tool)
     items = [
-        QueueItem(e, max(0.0, at - e.updated_at), risk_tier(e.tool))
-        for e in itertools.islice(merged, QUEUE_LIMIT)
+        QueueItem(
+            e,
+            max(0.0, at - e.updated_at),
+            tiers[e.tool],
+            requester(actors.get(e.id), e.scope),
+            probe_verdict(e.verification_evidence),
+            new=since is not None and e.updated_at > since,
+            facts=[*amounts(args), *customer(args)][:3],
+        )
+        for e, args in ((e, e.args) for e in effects)
     ]
     return Queue(items, counts, at)
+
+
+def first_actors(effect_ids: list[str]) -> dict[str, str]:
+    """Who made each effect: the actor of its first journal line. Two queries, both on
+    openonce_journal_effect (effect_id, seq), whatever the number of effects."""
+    if not effect_ids:
+        return {}
+    firsts = (
+        JournalEntry.objects.filter(effect_id__in=effect_ids)
+        .values("effect_id")
+        .annotate(first=Min("seq"))
+        .values_list("first", flat=True)
+    )
+    return dict(JournalEntry.objects.filter(seq__in=list(firsts)).values_list("effect_id", "actor"))
 
 
 def _unknown_past_grace(at: float) -> tuple[list[str], Count]:
@@ -129,15 +179,14 @@ def _unknown_past_grace(at: float) -> tuple[list[str], Count]:
 
 
 def _capped_count(rows: QuerySet[Effect]) -> Count:
-    # COUNT over a LIMITed subquery: never walks more than COUNT_CAP index entries.
-    n = rows.values("id")[: COUNT_CAP + 1].count()
-    return Count(min(n, COUNT_CAP), capped=n > COUNT_CAP)
+    return capped_count(rows, COUNT_CAP)
 
 
-def risk_tier(tool: str) -> str:
-    """The tier of the capability governing ``tool``; where several match (email.send
-    without a pin), the least trustworthy one, since that is what a miss may mean."""
-    capabilities = get_openonce().capabilities_for(tool)
+def evidence_tier(tool: str) -> str:
+    """How far a probe of ``tool`` can be trusted (the capability's evidence tier, not the
+    effect's risk); where several match (email.send without a pin), the least
+    trustworthy, since that is what a miss may mean."""
+    capabilities = capabilities_for(tool)
     if not capabilities:
         return "unknown"
     return max((c.tier for c in capabilities), key=TIERS.index)
@@ -149,17 +198,18 @@ def risk_tier(tool: str) -> str:
 @dataclass(frozen=True)
 class EffectFilter:
     state: str = ""
-    tool: str = ""
+    tool: str = ""  # a name or a glob (stripe.*)
     scope: str = ""
     key: str = ""  # idempotency key
     created_from: float | None = None
     created_to: float | None = None
     stuck_for: float | None = None  # seconds without a change, not in a terminal state
+    search: Search | None = None  # the search box
 
 
 @dataclass(frozen=True)
 class Cursor:
-    """Keyset position: the (created_at, id) of the last row shown."""
+    """Keyset position: the (created_at, id) of a row shown."""
 
     created_at: float
     id: str
@@ -170,35 +220,77 @@ class Cursor:
     @classmethod
     def decode(cls, text: str) -> Cursor:
         created_at, sep, effect_id = text.partition("~")
-        if not sep or not effect_id:
+        if not sep or not effect_id or len(effect_id) > 100:
             raise ValueError("not a page cursor")
-        return cls(float(created_at), effect_id)
+        value = float(created_at)
+        if value != value or value in (float("inf"), float("-inf")) or value < 0:
+            raise ValueError("not a page cursor")
+        return cls(value, effect_id)
 
 
 @dataclass(frozen=True)
 class EffectPage:
     effects: list[Effect]
-    next_cursor: str | None
+    next_cursor: str | None  # older rows start after this one
+    prev_cursor: str | None = None  # newer rows start before this one
+    total: Count = field(default_factory=lambda: Count(0))
 
 
 def effect_page(
-    f: EffectFilter, after: Cursor | None = None, limit: int | None = None, at: float | None = None
+    f: EffectFilter,
+    after: Cursor | None = None,
+    limit: int | None = None,
+    at: float | None = None,
+    before: Cursor | None = None,
 ) -> EffectPage:
-    """Newest first, keyset-paged on openonce_effects_created (created_at, id)."""
+    """Newest first, keyset-paged both ways on (created_at, id): ``after`` pages to older
+    rows, ``before`` back to newer ones. Each filter is served by the index named in
+    ``_filtered``; the count stops at LIST_COUNT_CAP."""
     limit = limit or PAGE_SIZE
     rows = _filtered(f, time.time() if at is None else at)
-    if after is not None:
-        # (created_at, id) < (cursor): the plain created_at bound lets the index start
-        # at the cursor instead of filtering from the newest row down.
-        rows = rows.filter(created_at__lte=after.created_at).filter(
-            Q(created_at__lt=after.created_at) | Q(id__lt=after.id)
-        )
-    found = list(rows.only(*_LIST_COLUMNS).order_by("-created_at", "-id")[: limit + 1])
-    next_cursor = None
-    if len(found) > limit:
-        last = found[limit - 1]
-        next_cursor = Cursor(last.created_at, last.id).encode()
-    return EffectPage(found[:limit], next_cursor)
+    columns = rows.only(*_LIST_COLUMNS)
+    if before is not None:
+        found = list(_newer(columns, before).order_by("created_at", "id")[: limit + 1])
+        more_newer = len(found) > limit
+        found = found[:limit][::-1]
+        more_older = bool(found) and _older(rows, _cursor(found[-1])).exists()
+    else:
+        if after is not None:
+            columns = _older(columns, after)
+        found = list(columns.order_by("-created_at", "-id")[: limit + 1])
+        more_older = len(found) > limit
+        found = found[:limit]
+        more_newer = after is not None and bool(found) and _newer(rows, _cursor(found[0])).exists()
+    return EffectPage(
+        found,
+        _cursor(found[-1]).encode() if more_older else None,
+        _cursor(found[0]).encode() if more_newer else None,
+        capped_count(rows, LIST_COUNT_CAP),
+    )
+
+
+def _cursor(effect: Effect) -> Cursor:
+    return Cursor(effect.created_at, effect.id)
+
+
+def _older(rows: QuerySet[Effect], c: Cursor) -> QuerySet[Effect]:
+    # (created_at, id) < cursor: the plain created_at bound lets the index start at the
+    # cursor instead of filtering from the newest row down.
+    return rows.filter(created_at__lte=c.created_at).filter(
+        Q(created_at__lt=c.created_at) | Q(id__lt=c.id)
+    )
+
+
+def _newer(rows: QuerySet[Effect], c: Cursor) -> QuerySet[Effect]:
+    return rows.filter(created_at__gte=c.created_at).filter(
+        Q(created_at__gt=c.created_at) | Q(id__gt=c.id)
+    )
+
+
+def capped_count(rows: QuerySet[Any], cap: int) -> Count:
+    """COUNT over a LIMITed subquery: never walks more than ``cap`` + 1 index entries."""
+    n = rows.values("pk")[: cap + 1].count()
+    return Count(min(n, cap), capped=n > cap)
 
 
 def bulk_candidates(
@@ -216,18 +308,121 @@ def _filtered(f: EffectFilter, at: float) -> QuerySet[Effect]:
     if f.state:
         rows = rows.filter(state=f.state)  # openonce_effects_state_updated
     if f.tool:
-        rows = rows.filter(tool=f.tool)
+        rows = rows.filter(tool__in=matching_tools(f.tool))  # openonce_effects_tool
     if f.scope:
         rows = rows.filter(scope=f.scope)  # openonce_effects_scope (scope, created_at)
     if f.key:
-        rows = rows.filter(idempotency_key=f.key)
+        rows = rows.filter(idempotency_key=f.key)  # openonce_effects_key
     if f.created_from is not None:
         rows = rows.filter(created_at__gte=f.created_from)  # openonce_effects_created
     if f.created_to is not None:
         rows = rows.filter(created_at__lt=f.created_to)
     if f.stuck_for is not None:
         rows = rows.filter(state__in=STUCK_STATES, updated_at__lte=at - f.stuck_for)
+    if f.search is not None:
+        rows = rows.filter(_search_condition(f.search))
     return rows
+
+
+def _search_condition(search: Search) -> Q:
+    """The search box as one condition, each part served by an index (schema v3)."""
+    if search.kind == "id":
+        return _prefix("id", search.text)  # openonce_effects_id_prefix
+    if search.kind == "key":
+        return _prefix("idempotency_key", search.text)  # openonce_effects_key
+    if search.kind == "scope":
+        return _prefix("scope", search.text)  # openonce_effects_scope
+    if search.kind == "tool":
+        return Q(tool__in=matching_tools(search.text))  # openonce_effects_tool
+    if search.kind == "arg":
+        return _arguments_contain(search.args)  # openonce_effects_args (GIN)
+    # Anything else: whichever of id, key and scope starts with it, or the tool it names.
+    # Postgres ORs the indexes (BitmapOr); SQLite unions them (multi-index OR).
+    return (
+        _prefix("id", search.text)
+        | _prefix("idempotency_key", search.text)
+        | _prefix("scope", search.text)
+        | Q(tool=search.text)
+    )
+
+
+def _prefix(column: str, text: str) -> Q:
+    if connection.vendor == "postgresql":
+        # LIKE 'text%' (Django escapes % and _): the text_pattern_ops indexes serve it
+        # whatever the database's collation.
+        return Q(**{f"{column}__startswith": text})
+    # SQLite's LIKE ignores case and no index serves it; a range on the bytewise btree
+    # does: every string starting with ``text`` sorts between it and text + U+10FFFF.
+    return Q(**{f"{column}__gte": text, f"{column}__lt": text + "\U0010ffff"})
+
+
+def _arguments_contain(doc: dict[str, Any]) -> Q:
+    if connection.vendor == "postgresql":
+        return Q(
+            RawSQL(
+                "(openonce_effects.args_json::jsonb) @> %s::jsonb",
+                [json.dumps(doc)],
+                output_field=BooleanField(),
+            )
+        )
+    # SQLite has no JSON index: compare each leaf by type and value (json_type keeps 1
+    # apart from true and "1"); the list's created_at order bounds the walk.
+    condition = Q()
+    for path, value in _leaves(doc):
+        kind, sql_value = _sqlite_json(value)
+        sql = "json_type(openonce_effects.args_json, %s) = %s"
+        params: list[Any] = [path, kind]
+        if sql_value is not None:
+            sql += " AND json_extract(openonce_effects.args_json, %s) = %s"
+            params += [path, sql_value]
+        condition &= Q(RawSQL(sql, params, output_field=BooleanField()))
+    return condition
+
+
+def _leaves(doc: dict[str, Any], path: str = "$") -> Iterator[tuple[str, Any]]:
+    for name, value in doc.items():
+        here = path + "." + json.dumps(name)
+        if isinstance(value, dict):
+            yield from _leaves(value, here)
+        else:
+            yield here, value
+
+
+def _sqlite_json(value: Any) -> tuple[str, Any]:
+    if value is None:
+        return "null", None
+    if value is True or value is False:
+        return ("true" if value else "false"), None
+    if isinstance(value, int):
+        return "integer", value
+    return "text", str(value)
+
+
+def matching_tools(pattern: str) -> list[str]:
+    """The tool names ``pattern`` (a name or a glob) matches. A skip scan over
+    openonce_effects_tool finds the distinct tools without reading every row; a glob
+    then becomes ``tool IN (...)``, which that index serves newest first."""
+    if not set(pattern) & set("*?["):
+        return [pattern]
+    return [t for t in distinct_tools() if fnmatch.fnmatchcase(t, pattern)]
+
+
+_DISTINCT_TOOLS = """
+WITH RECURSIVE t(tool) AS (
+    SELECT min(tool) FROM openonce_effects
+    UNION ALL
+    SELECT (SELECT min(e.tool) FROM openonce_effects e WHERE e.tool > t.tool)
+    FROM t WHERE t.tool IS NOT NULL
+)
+SELECT tool FROM t WHERE tool IS NOT NULL LIMIT %s
+"""
+MAX_TOOLS = 1000
+
+
+def distinct_tools() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(_DISTINCT_TOOLS, [MAX_TOOLS])
+        return [row[0] for row in cursor.fetchall()]
 
 
 # -- one effect ---------------------------------------------------------------------------
@@ -262,15 +457,93 @@ def approvals(effect_id: str, limit: int = APPROVALS_LIMIT) -> list[Approval]:
 # -- the operator audit log ---------------------------------------------------------------
 
 
-def audit_log(before: int | None = None, limit: int = AUDIT_PAGE) -> list[JournalEntry]:
+@dataclass(frozen=True)
+class AuditFilter:
+    actor: str = ""  # an operator's name (the ``operator:`` prefix may be left out)
+    action: str = ""  # a key of AUDIT_ACTIONS
+    tool: str = ""  # a name or a glob
+    since: float | None = None
+    until: float | None = None
+
+
+# What a person did: the audit filter's choices, each the core's move of that name.
+AUDIT_ACTIONS: dict[str, tuple[str, str]] = {
+    "approve": ("Approved", "approve"),
+    "deny": ("Denied", "deny"),
+    "cancel": ("Cancelled", "cancel"),
+    "resolve-happened": ("Resolved: happened", "resolve_happened"),
+    "resolve-not-happened": ("Resolved: did not happen", "resolve_not_happened"),
+    "release": ("Released", "release"),
+}
+
+
+@dataclass(frozen=True)
+class AuditPage:
+    entries: list[JournalEntry]
+    older: int | None  # ``before`` for the next, older page
+    newer: int | None  # ``after`` for the previous, newer page
+    total: Count
+
+
+def audit_log(
+    before: int | None = None,
+    limit: int = AUDIT_PAGE,
+    f: AuditFilter | None = None,
+    after: int | None = None,
+) -> list[JournalEntry]:
     """Journal lines written by people, newest first, keyset-paged on ``seq``.
 
     ``actor LIKE 'operator:%'`` is the predicate of the partial index
-    openonce_journal_operators (seq), so agents' lines are never scanned."""
-    rows = JournalEntry.objects.filter(actor__startswith="operator:")
+    openonce_journal_operators (seq), so agents' lines are never scanned; the filters
+    narrow the walk along it (a tool filter joins each line to its effect by key)."""
+    rows = _audit_rows(f or AuditFilter())
+    if after is not None:
+        newer = list(rows.filter(seq__gt=after).order_by("seq")[:limit])
+        return newer[::-1]
     if before is not None:
         rows = rows.filter(seq__lt=before)
     return list(rows.order_by("-seq")[:limit])
+
+
+def audit_page(
+    f: AuditFilter, before: int | None = None, after: int | None = None, limit: int = AUDIT_PAGE
+) -> AuditPage:
+    entries = audit_log(before, limit + 1, f, after=after)
+    rows = _audit_rows(f)
+    if after is not None:
+        # Fetched oldest first and reversed: the extra row, if any, is the newest one.
+        more_newer = len(entries) > limit
+        entries = entries[-limit:] if more_newer else entries
+        more_older = bool(entries) and rows.filter(seq__lt=entries[-1].seq).exists()
+    else:
+        more_older = len(entries) > limit
+        entries = entries[:limit]
+        more_newer = (
+            before is not None and bool(entries) and (rows.filter(seq__gt=entries[0].seq).exists())
+        )
+    return AuditPage(
+        entries,
+        entries[-1].seq if more_older else None,
+        entries[0].seq if more_newer else None,
+        capped_count(rows, LIST_COUNT_CAP),
+    )
+
+
+def _audit_rows(f: AuditFilter) -> QuerySet[JournalEntry]:
+    rows = JournalEntry.objects.filter(actor__startswith="operator:")
+    if f.actor:
+        name = f.actor.removeprefix("operator:")
+        rows = rows.filter(actor="operator:" + name)
+    if f.action:
+        rows = rows.filter(action=AUDIT_ACTIONS[f.action][1])
+    if f.tool:
+        tools = matching_tools(f.tool)
+        rows = rows.filter(effect_id__in=Effect.objects.filter(tool__in=tools).values("id"))
+    if f.since is not None:
+        rows = rows.filter(at__gte=f.since)
+    if f.until is not None:
+        rows = rows.filter(at__lt=f.until)
+    return rows
 
 
 # -- provider knowledge and reconciler health ---------------------------------------------
@@ -280,27 +553,51 @@ def audit_log(before: int | None = None, limit: int = AUDIT_PAGE) -> list[Journa
 class CapabilityRow:
     capability: Capability
     guidance: str
-    problems: list[str]  # readiness: what a reviewer still has to fix
+    problems: list[str]  # the capability's own readiness: what a reviewer still has to fix
     pinned_tools: list[str]  # tools pinned to this capability by configuration
+    probed_tools: list[str]  # tools this deployment's reconciler has a prober for
 
 
 def capability_matrix() -> list[CapabilityRow]:
     oo = get_openonce()
-    return [
-        CapabilityRow(
-            capability=cap,
-            guidance=cap.guidance(),
-            problems=readiness_problems(cap),
-            pinned_tools=sorted(
-                t for t, name in oo.provider_capabilities.items() if name == cap.name
-            ),
+    probed = registered_probers()
+    rows = []
+    for cap in oo.matrix.capabilities:
+        tools = sorted(t for t in probed if cap.matches(t))
+        rows.append(
+            CapabilityRow(
+                capability=cap,
+                guidance=cap.guidance(prober_registered=bool(tools)),
+                problems=readiness_problems(cap),
+                pinned_tools=sorted(
+                    t for t, name in oo.provider_capabilities.items() if name == cap.name
+                ),
+                probed_tools=tools,
+            )
         )
-        for cap in oo.matrix.capabilities
-    ]
+    return rows
+
+
+def registered_probers() -> dict[str, list[Any]]:
+    """Tool -> probers registered with this deployment's reconciler (OPENONCE_PROBERS).
+    The Reconciler keeps them privately; this read is the console's only use of it."""
+    return dict(getattr(get_reconciler(), "_probers", {}))
 
 
 def capabilities_for(tool: str) -> list[Capability]:
+    """The capabilities governing ``tool``: the pinned one if configuration pins it (an
+    email.send pinned to email_smtp), else every one whose pattern matches."""
     return get_openonce().capabilities_for(tool)
+
+
+def mail_domain(tool: str) -> str | None:
+    """The sending domain of an email prober registered for ``tool``, for the
+    Message-ID a receipt must name."""
+    for prober in registered_probers().get(tool, []):
+        domain = getattr(prober, "domain", None)
+        if isinstance(domain, str) and domain:
+            return domain
+    return None
 
 
 def miss_may_rearm(tool: str) -> bool:

@@ -8,6 +8,7 @@ is a 404 for everyone allowed to look.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -25,11 +26,29 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
 from django_htmx.middleware import HtmxDetails
 
+from notifications.selectors import deliveries_for
+
 from . import actions, exports, selectors
+from . import context as decision
 from .access import deny, permission_required, require
-from .forms import BULK_ACTIONS, BULK_DONE, BulkApplyForm, BulkPreviewForm, EffectFilterForm
+from .forms import (
+    BULK_ACTIONS,
+    BULK_DONE,
+    AuditFilterForm,
+    BulkApplyForm,
+    BulkPreviewForm,
+    EffectFilterForm,
+)
 from .models import Effect
-from .roles import APPROVE, CANCEL, EXPORT_AUDIT, OVERRIDE_REARM, RESOLVE, VIEW
+from .roles import (
+    APPROVE,
+    CANCEL,
+    EXPORT_AUDIT,
+    OVERRIDE_IDENTITY,
+    OVERRIDE_REARM,
+    RESOLVE,
+    VIEW,
+)
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -40,6 +59,7 @@ QUEUE_LABELS = {
     "requires_approval": "Awaiting approval",
     "human_review": "In human review",
     "unknown": "UNKNOWN past grace",
+    "approved": "Approved, waiting for the agent",
 }
 
 
@@ -76,18 +96,25 @@ def sign_in(request: HtmxHttpRequest) -> HttpResponse:
 @permission_required(VIEW)
 def queue(request: HtmxHttpRequest) -> HttpResponse:
     kind = request.GET.get("kind", "")
-    if kind not in selectors.QUEUE_KINDS:
+    if kind not in (*selectors.QUEUE_KINDS, *selectors.WAITING_KINDS):
         kind = ""
-    found = selectors.human_queue(kind or None)
-    context: dict[str, Any] = {
+    # Rows that changed after the page was first loaded are marked new; the poll carries
+    # that moment along in its URL.
+    since = _float_param(request, "since")
+    at = time.time()
+    found = selectors.human_queue(kind or None, at=at, since=since)
+    kinds = (*selectors.QUEUE_KINDS, *selectors.WAITING_KINDS)
+    ctx: dict[str, Any] = {
         "queue": found,
         "kind": kind,
-        "kinds": [(k, QUEUE_LABELS[k], found.counts[k]) for k in selectors.QUEUE_KINDS],
+        "kinds": [(k, QUEUE_LABELS[k], found.counts[k]) for k in kinds],
         "labels": QUEUE_LABELS,
+        "since": at if since is None else since,
+        "may_see_digests": _may_see_digests(request),
     }
     if not _wants_fragment(request):
-        context["health"] = selectors.health()  # the panel polls on its own
-    return _render(request, "console/queue.html", "queue-table", context)
+        ctx["health"] = selectors.health()  # the panel polls on its own
+    return _render(request, "console/queue.html", "queue-table", ctx)
 
 
 # -- effects ------------------------------------------------------------------------------
@@ -101,19 +128,26 @@ def effect_list(request: HtmxHttpRequest) -> HttpResponse:
     page = selectors.EffectPage([], None)
     status = 400
     if form.is_valid():
-        page = selectors.effect_page(form.to_filter(), after=form.cleaned_data["after"])
+        data = form.cleaned_data
+        page = selectors.effect_page(form.to_filter(), after=data["after"], before=data["before"])
         status = 200
-    context = {
+    ctx = {
         "form": form,
         "page": page,
+        "search": form.cleaned_data.get("q") if status == 200 else None,
         "filter_params": form.params(),
+        # A search from the box shows its results first; the filters fold away.
+        "filters_open": status != 200
+        or any(n != "q" for n, _ in form.params())
+        or not form.params(),
+        "may_see_digests": _may_see_digests(request),
         "bulk_actions": [
             (name, label)
             for name, label in BULK_ACTIONS.items()
             if request.user.has_perm(actions.ACTIONS[name].perm)
         ],
     }
-    return _render(request, "console/effects.html", "effect-results", context, status)
+    return _render(request, "console/effects.html", "effect-results", ctx, status)
 
 
 @require_GET
@@ -142,6 +176,8 @@ def deny_effect(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
 @login_required
 @permission_required(RESOLVE)
 def resolve_happened(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
+    if request.POST.get("override_identity") and not request.user.has_perm(OVERRIDE_IDENTITY):
+        deny(request, OVERRIDE_IDENTITY)
     return _decide(request, effect_id, "resolve-happened")
 
 
@@ -269,19 +305,31 @@ def reconciler_panel(request: HtmxHttpRequest) -> HttpResponse:
 @login_required
 @permission_required(EXPORT_AUDIT)
 def audit(request: HtmxHttpRequest) -> HttpResponse:
-    before = _int_param(request, "before")
-    entries = selectors.audit_log(before, selectors.AUDIT_PAGE)
-    next_before = entries[-1].seq if len(entries) == selectors.AUDIT_PAGE else None
-    context = {"entries": entries, "next_before": next_before, "before": before}
-    return _render(request, "console/audit.html", "audit-rows", context)
+    form = AuditFilterForm(request.GET)
+    status = 400
+    page = selectors.AuditPage([], None, None, selectors.Count(0))
+    if form.is_valid():
+        data = form.cleaned_data
+        page = selectors.audit_page(form.to_filter(), before=data["before"], after=data["after"])
+        status = 200
+    ctx = {
+        "form": form,
+        "page": page,
+        "filter_params": form.params(),
+        "may_see_digests": _may_see_digests(request),
+    }
+    return _render(request, "console/audit.html", "audit-rows", ctx, status)
 
 
 @require_GET
 @login_required
 @permission_required(EXPORT_AUDIT)
 def audit_export(request: HttpRequest, fmt: str) -> HttpResponse:
-    before = _int_param(request, "before")
-    entries = selectors.audit_log(before, selectors.EXPORT_LIMIT)
+    form = AuditFilterForm(request.GET)
+    if not form.is_valid():
+        raise BadRequest("; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
+    before = form.cleaned_data["before"]
+    entries = selectors.audit_log(before, selectors.EXPORT_LIMIT, form.to_filter())
     next_before = entries[-1].seq if len(entries) == selectors.EXPORT_LIMIT else None
     if fmt == "csv":
         response = exports.csv_response(entries, "openonce-operator-audit.csv")
@@ -296,7 +344,10 @@ def audit_export(request: HttpRequest, fmt: str) -> HttpResponse:
 
 def _get_effect_or_404(effect_id: str) -> Effect:
     """Every effect is visible to whoever may read the ledger; an id that names none is a
-    404 (the same answer a hidden one would get, so ids cannot be probed)."""
+    404 (the same answer a hidden one would get, so ids cannot be probed). One no
+    database could hold (a NUL byte, a novel's length) names none either."""
+    if len(effect_id) > 200 or "\x00" in effect_id:
+        raise Http404("no effect with that id")
     effect = selectors.effect(effect_id)
     if effect is None:
         raise Http404("no effect with that id")
@@ -310,6 +361,7 @@ class ActionForm:
     action: actions.Action
     form: Form
     url: str
+    label: str  # the action's name in the effect's state ("Withdraw the approval (deny)")
 
 
 def _action_form(
@@ -322,9 +374,21 @@ def _action_form(
         # Offered only where it is needed, to whoever may use it.
         may_override = request.user.has_perm(OVERRIDE_REARM)
         kwargs["can_override"] = may_override and not selectors.miss_may_rearm(effect.tool)
+    if action.name == "resolve-happened":
+        capabilities = selectors.capabilities_for(effect.tool)
+        template = decision.receipt_template(
+            capabilities,
+            provider_key=effect.provider_key,
+            args=effect.args,
+            mail_domain=selectors.mail_domain(effect.tool),
+        )
+        kwargs["initial"]["receipt"] = template.text
+        kwargs["capabilities"] = capabilities
+        kwargs["effect"] = effect
+        kwargs["can_override"] = request.user.has_perm(OVERRIDE_IDENTITY)
     form = action.form_class(data, **kwargs)
     url = reverse(action.name, kwargs={"effect_id": effect.id})
-    return ActionForm(action, form, url)
+    return ActionForm(action, form, url, action.label_for(effect.state))
 
 
 def _decide(request: HtmxHttpRequest, effect_id: str, name: str) -> HttpResponse:
@@ -365,11 +429,21 @@ def _detail_context(
 ) -> dict[str, Any]:
     journal_lines, journal_total = selectors.journal_tail(effect.id)
     offered = []
-    for action in actions.ACTIONS.values():
+    withheld = []
+    for action in actions.allowed(effect.state):
+        if not request.user.has_perm(action.perm):
+            continue
         if failed is not None and failed.action is action:
             offered.append(failed)
-        elif effect.state in action.states and request.user.has_perm(action.perm):
+        elif action.name == "resolve-not-happened" and not _may_rearm(request, effect):
+            # Legal in this state, but the core would refuse it for this person: say why
+            # instead of offering a form that can only fail.
+            withheld.append(action)
+        else:
             offered.append(_action_form(request, action, effect))
+    if failed is not None and failed not in offered:
+        # Refused because the effect moved on (a stale page): the form stays, with why.
+        offered.append(failed)
     approvals = selectors.approvals(effect.id)
     at = time.time()
     valid = {
@@ -380,19 +454,51 @@ def _detail_context(
         and (a.expires_at is None or a.expires_at > at)
     }
     args = effect.args
+    first_actor = selectors.first_actors([effect.id]).get(effect.id)
+    meaning, next_step = decision.STATE_MEANINGS.get(effect.state, ("", ""))
+    capabilities = selectors.capabilities_for(effect.tool)
+    probed = effect.tool in selectors.registered_probers()
     return {
         "effect": effect,
         # A list, not the dict: a template would read ``args.items`` as an argument
         # named "items" if a tool had one.
         "arguments": list(args.items()) if isinstance(args, dict) else [("(all)", args)],
-        "journal": journal_lines,
+        "amounts": decision.amounts(args),
+        "customer": decision.customer(args),
+        "requester": decision.requester(first_actor, effect.scope),
+        "verdict": decision.probe_verdict(effect.verification_evidence),
+        "meaning": meaning,
+        "next_step": next_step,
+        "journal": decision.timeline(journal_lines),
         "journal_total": journal_total,
         "approvals": approvals,
         "valid_approvals": len(valid),
-        "capabilities": selectors.capabilities_for(effect.tool),
+        "capabilities": capabilities,
+        "guidance": [(c, c.guidance(prober_registered=probed)) for c in capabilities],
+        "show_template": any(i.action.name == "resolve-happened" for i in offered),
+        "tier": selectors.evidence_tier(effect.tool),
+        "receipt_template": decision.receipt_template(
+            capabilities,
+            provider_key=effect.provider_key,
+            args=args,
+            mail_domain=selectors.mail_domain(effect.tool),
+        ),
         "actions": offered,
+        "withheld": withheld,
         "notice": notice,
+        "deliveries": deliveries_for(effect.id),
+        "may_see_digests": _may_see_digests(request),
     }
+
+
+def _may_rearm(request: HttpRequest, effect: Effect) -> bool:
+    return selectors.miss_may_rearm(effect.tool) or request.user.has_perm(OVERRIDE_REARM)
+
+
+def _may_see_digests(request: HttpRequest) -> bool:
+    """Viewers see "secret" only; people who decide see a short prefix of the digest."""
+    user = request.user
+    return any(user.has_perm(p) for p in (APPROVE, RESOLVE, CANCEL))
 
 
 def _render(
@@ -414,10 +520,17 @@ def _wants_fragment(request: HtmxHttpRequest) -> bool:
     return bool(request.htmx) and not request.htmx.history_restore_request
 
 
-def _int_param(request: HttpRequest, name: str) -> int | None:
+def _float_param(request: HttpRequest, name: str) -> float | None:
+    """A non-negative epoch time from the query string; 400 for anything else."""
     value = request.GET.get(name, "")
     if not value:
         return None
-    if not value.isdigit():
-        raise BadRequest(f"{name} must be a whole number")
-    return int(value)
+    try:
+        if len(value) > 32 or not value.isascii():
+            raise ValueError(value)
+        number = float(value)
+    except ValueError:
+        raise BadRequest(f"{name} must be a time in epoch seconds") from None
+    if not math.isfinite(number) or number < 0:
+        raise BadRequest(f"{name} must be a time in epoch seconds")
+    return number

@@ -22,10 +22,11 @@ from .errors import (
     InvalidArgumentsError,
     InvalidReceiptError,
     ProviderContractError,
+    ReceiptIdentityError,
 )
 from .leases import HOST, dead_owner
 from .ledger import Ledger, Then
-from .providers import Capability, CapabilityMatrix
+from .providers import Capability, CapabilityMatrix, receipt_identity_problems
 from .records import Approval, Effect, JournalEntry
 from .states import NEEDS_HUMAN, EffectState, move_for
 from .stores.base import Store
@@ -179,13 +180,19 @@ class Decisions:
         require_receipt_contract: bool | None = None,
         require_provider_capability: bool | None = None,
         expected_fence: int | None = None,
+        override_identity: bool = False,
     ) -> Effect:
         """A person found the effect happened: commit ``receipt``; duplicates replay it.
 
         With ``enforce_provider_receipts`` (or ``require_receipt_contract=True``) the
-        receipt must meet the tool's provider receipt contract first."""
+        receipt must meet the tool's provider receipt contract first. A receipt whose
+        identifying fields name another effect (provider key, Message-ID, PR) is refused
+        with ReceiptIdentityError, as a probe's would be, unless ``override_identity=True``
+        with a reason: then the override and what it overrode are journaled."""
         _require_text("by", by)
         _optional_text("reason", reason)
+        if override_identity:
+            _require_text("reason", reason)
         receipt = _check_receipt(receipt)
         while True:
             effect = self._load(effect_id, "resolve_happened", expected_fence)
@@ -202,7 +209,15 @@ class Decisions:
                 raise InvalidReceiptError(
                     "receipt breaks the provider contract: " + "; ".join(problems)
                 )
-            evidence = {"resolution": "happened", "receipt": receipt, "by": by}
+            mismatches = receipt_identity_problems(
+                self.capabilities_for(effect.tool), receipt, effect_id=effect.id,
+                provider_key=effect.provider_key, args=effect.args,
+            )  # fmt: skip
+            if mismatches and not override_identity:
+                raise ReceiptIdentityError(effect.id, mismatches)
+            evidence: dict[str, Any] = {"resolution": "happened", "receipt": receipt, "by": by}
+            if mismatches:
+                evidence["identity_override"] = mismatches
             changes = {
                 "result": receipt,
                 "verification_status": "confirmed_by_person",

@@ -8,6 +8,7 @@
     ├── ScopeRequiredError           a derived key needs ``with oo.scope(...)``
     ├── IdempotencyMismatchError     the key was used with different arguments
     ├── InvalidReceiptError          a receipt that is not a non-empty JSON object
+    │   └── ReceiptIdentityError     a person's receipt names another effect
     ├── ProviderContractError        the call breaks its provider capability's contract
     ├── ReceiptContractError         the handler's receipt breaks it: held for a person
     ├── EffectNotFoundError          no effect has that id
@@ -77,6 +78,20 @@ class IdempotencyMismatchError(OpenOnceError):
 
 class InvalidReceiptError(OpenOnceError, ValueError):
     """A receipt must be a non-empty JSON object holding the provider's evidence."""
+
+
+class ReceiptIdentityError(InvalidReceiptError):
+    """A person's receipt contradicts the effect's own identity (another provider key,
+    Message-ID, effect id or PR): it is evidence about some other effect. Nothing was
+    committed; resolve with the right receipt, or override it explicitly with a reason."""
+
+    def __init__(self, effect_id: str, problems: list[str]) -> None:
+        self.effect_id = effect_id
+        self.problems = problems
+        super().__init__(
+            f"receipt does not belong to effect {effect_id}: {'; '.join(problems)}."
+            " Nothing was committed; check the receipt, or override with a reason."
+        )
 
 
 class ProviderContractError(OpenOnceError):

@@ -534,6 +534,76 @@ def _receipt_problems(
     return problems
 
 
+# The stamps OpenOnce's own handler contracts put on provider objects (Stripe metadata,
+# see probers.stripe.effect_metadata) and the generic names a receipt may echo them by.
+_PROVIDER_KEY_FIELDS = ("provider_key", "openonce_provider_key")
+_EFFECT_ID_FIELDS = ("effect_id", "openonce_effect_id")
+_PR_URL = re.compile(r"/([^/]+)/([^/]+)/pulls?/\d+")
+
+
+def receipt_identity_problems(
+    capabilities: Iterable[Capability],
+    receipt: Mapping[str, Any],
+    *,
+    effect_id: str,
+    provider_key: str,
+    args: Any,
+) -> list[str]:
+    """Why ``receipt`` names some other effect than this one (empty: nothing contradicts).
+
+    The rule a probe result is held to, applied to a receipt a person types: a field that
+    identifies the provider object must agree with what this effect sent. A field the
+    receipt leaves out is not a contradiction (the contract check asks for it).
+
+    * an OpenOnce stamp, top level or in ``metadata`` (Stripe): ``provider_key`` /
+      ``openonce_provider_key`` must be this effect's provider key, ``effect_id`` /
+      ``openonce_effect_id`` its id;
+    * ``message_id`` where a capability asks for one: the handler contract sets it to
+      ``<{provider_key}@{domain}>``, so its local part must be this provider key;
+    * a natural key (a PR's ``owner``, ``repo``, ``head``; ``html_url``): where a
+      capability requires those arguments, the receipt's must equal the call's.
+    """
+    problems: list[str] = []
+    caps = list(capabilities)
+    stamps: list[tuple[str, Mapping[str, Any]]] = [("", receipt)]
+    metadata = receipt.get("metadata")
+    if isinstance(metadata, Mapping):
+        stamps.append(("metadata.", metadata))
+    for prefix, doc in stamps:
+        for name in _PROVIDER_KEY_FIELDS:
+            if name in doc and doc[name] != provider_key:
+                problems.append(
+                    f"{prefix}{name} is {doc[name]!r} but this effect's provider key is"
+                    f" {provider_key!r}"
+                )
+        for name in _EFFECT_ID_FIELDS:
+            if name in doc and doc[name] != effect_id:
+                problems.append(f"{prefix}{name} is {doc[name]!r}, not this effect ({effect_id})")
+    if "message_id" in receipt and any("message_id" in c.required_receipt_fields for c in caps):
+        value = receipt["message_id"]
+        local = value.strip()[1:].partition("@")[0] if isinstance(value, str) else None
+        if not isinstance(value, str) or not value.strip().startswith("<") or local != provider_key:
+            problems.append(
+                f"message_id is {value!r} but this effect's Message-ID is"
+                f" <{provider_key}@...> (set from its provider key)"
+            )
+    natural = {arg for c in caps for arg in c.required_args}
+    if isinstance(args, Mapping):
+        for name in sorted(natural & {"owner", "repo", "head"}):
+            if name in receipt and name in args and not _same(receipt[name], args[name]):
+                problems.append(f"{name} is {receipt[name]!r} but this call's is {args[name]!r}")
+        url = receipt.get("html_url")
+        if {"owner", "repo"} <= natural and isinstance(url, str):
+            match = _PR_URL.search(url.partition("://")[2])
+            wanted = (args.get("owner"), args.get("repo"))
+            if match and (match.group(1), match.group(2)) != wanted:
+                problems.append(
+                    f"html_url names {match.group(1)}/{match.group(2)} but this call is"
+                    f" {wanted[0]}/{wanted[1]}"
+                )
+    return problems
+
+
 def check_call_contract(
     capability: Capability,
     args: Mapping[str, Any],

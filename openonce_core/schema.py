@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Journal and approvals name their effect without a foreign key: the core is their only
 # writer and always writes them in the effect's own transaction, and a foreign key would
@@ -107,6 +107,9 @@ _V1 = [
 _V2 = [
     "ALTER TABLE openonce_journal ADD COLUMN action text NOT NULL DEFAULT ''",
     "ALTER TABLE openonce_effects DROP COLUMN waiters",
+    # The lease sweep finds STARTED effects through (state, updated_at, id): the calls in
+    # flight are few, and every claim no longer pays for an index of its own.
+    "DROP INDEX IF EXISTS openonce_effects_lease_due",
 ]
 _V2_PG = [
     # UNLOGGED: no WAL, and a commit that touched only this table does not wait for fsync.
@@ -147,6 +150,31 @@ _SQLITE_APPEND_ONLY = [
     for op in ("UPDATE", "DELETE")
 ]
 
+# Version 3: the console's search box (console/selectors.py, ``search``). Postgres only:
+# SQLite compares text bytewise, so its existing btrees serve prefix ranges as they are,
+# and it has no JSON index (its argument search walks openonce_effects_created).
+_V3_SEARCH_PG = [
+    # "eff_3f2a" pasted into the search box: effect id prefix (LIKE 'eff_3f2a%'). The
+    # primary key's btree follows the database collation, which LIKE cannot use.
+    "CREATE INDEX openonce_effects_id_prefix ON openonce_effects (id text_pattern_ops)",
+    # Idempotency key, exact or prefix: replaces v1's plain index (equality works on
+    # text_pattern_ops too), so the hot path keeps the same number of indexes.
+    "DROP INDEX IF EXISTS openonce_effects_key",
+    "CREATE INDEX openonce_effects_key ON openonce_effects (idempotency_key text_pattern_ops)",
+    # Scope (run id), exact or prefix, newest first: replaces v1's (scope, created_at).
+    "DROP INDEX IF EXISTS openonce_effects_scope",
+    """
+    CREATE INDEX openonce_effects_scope
+        ON openonce_effects (scope text_pattern_ops, created_at)
+    """,
+    # Argument values: JSON containment, args_json::jsonb @> '{"charge": "ch_1"}'.
+    # jsonb_path_ops is smaller and faster than the default opclass and serves @> alone.
+    """
+    CREATE INDEX openonce_effects_args
+        ON openonce_effects USING gin ((args_json::jsonb) jsonb_path_ops)
+    """,
+]
+
 SCHEMA_TABLE = {
     "postgres": "CREATE TABLE IF NOT EXISTS openonce_schema"
     " (version integer PRIMARY KEY, applied_at double precision NOT NULL)",
@@ -168,11 +196,12 @@ def _to_sqlite(stmt: str) -> str:
 def migrations(dialect: str) -> dict[int, list[str]]:
     """Statements per version for ``dialect`` ("postgres" or "sqlite")."""
     if dialect == "postgres":
-        return {1: _V1 + _PG_APPEND_ONLY, 2: _V2 + _V2_PG}
+        return {1: _V1 + _PG_APPEND_ONLY, 2: _V2 + _V2_PG, 3: _V3_SEARCH_PG}
     if dialect == "sqlite":
         return {
             1: [_to_sqlite(s) for s in _V1] + _SQLITE_APPEND_ONLY,
             2: [_to_sqlite(s) for s in _V2],
+            3: [],  # SQLite's byte-order indexes already serve the console's prefix ranges
         }
     raise ValueError(f"unknown dialect {dialect!r}")
 

@@ -17,4 +17,4 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "openonce_site.settings.producti
 
 app = Celery("openonce")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["reconciler"])
+app.autodiscover_tasks(["reconciler", "notifications"])

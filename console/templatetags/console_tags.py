@@ -1,15 +1,27 @@
-"""Small display helpers: ages, timestamps, argument summaries, secret digests."""
+"""Display helpers: agent data shown safely, times, ages, money, secret digests.
+
+``visible`` is the one filter every piece of agent data or typed reason goes through
+before it reaches a page: characters that render invisibly or reorder text (bidi
+controls, zero-width characters, C0/C1 controls) are shown as a visible ``U+202E``
+marker instead, so an approver never reads a reversed IBAN or a hidden word.
+"""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import time
+import unicodedata
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
 from django import template
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
+
+from .. import context as decision_context
 
 register = template.Library()
 
@@ -17,13 +29,72 @@ register = template.Library()
 # value, only this digest. The ledger does not record which fields are secret, so the
 # console recognises them by shape.
 SECRET_DIGEST = re.compile(r"^(?:sha256|hmac-sha256):[0-9a-f]{64}$")
+DIGEST_PREFIX = 8  # hex digits of a digest an operator may see (a viewer sees none)
 
 _TIER_LABELS = {
-    "tier_1_native_idempotency_key": "tier 1",
-    "tier_2_natural_business_key": "tier 2",
-    "tier_2_sender_controlled_authoritative": "tier 2",
-    "tier_3_non_authoritative": "tier 3",
+    "tier_1_native_idempotency_key": "evidence tier 1",
+    "tier_2_natural_business_key": "evidence tier 2",
+    "tier_2_sender_controlled_authoritative": "evidence tier 2",
+    "tier_3_non_authoritative": "evidence tier 3",
 }
+
+# Kept as they are: layout whitespace, harmless and needed in multi-line reasons.
+_PLAIN_CONTROLS = {"\n", "\t"}
+# Categories that render as nothing or change the order or meaning of what follows:
+# controls (Cc: C0, DEL, C1), format characters (Cf: bidi embeddings, overrides and
+# isolates U+202A-202E / U+2066-2069, zero-width U+200B-200F, U+2060-2064, U+FEFF, soft
+# hyphen), line/paragraph separators, surrogates, private use and unassigned points.
+_HIDDEN_CATEGORIES = {"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"}
+
+
+def escape(text: str) -> SafeString:
+    # The standard library's escape (what Django's does, without its lazy-string wrapper,
+    # which costs more than the escaping on a page of a hundred rows).
+    return mark_safe(html.escape(text))
+
+
+def _hidden(char: str) -> bool:
+    return char not in _PLAIN_CONTROLS and unicodedata.category(char) in _HIDDEN_CATEGORIES
+
+
+# Printable ASCII, newlines and tabs: nothing to mark (the common case, checked fast).
+_PLAIN = re.compile(r"[ -~\n\t]*")
+
+
+def visible_text(value: Any) -> SafeString:
+    """``value`` as HTML-escaped text with every hidden character shown as a marker."""
+    text = "" if value is None else str(value)
+    if _PLAIN.fullmatch(text) or not any(_hidden(c) for c in text):
+        return escape(text)
+    parts = []
+    run: list[str] = []
+    for char in text:
+        if _hidden(char):
+            if run:
+                parts.append(escape("".join(run)))
+                run = []
+            code = f"U+{ord(char):04X}"
+            name = unicodedata.name(char, "control or unassigned character")
+            parts.append(
+                format_html('<span class="hidden-char" title="{} (hidden)">{}</span>', name, code)
+            )
+        else:
+            run.append(char)
+    if run:
+        parts.append(escape("".join(run)))
+    return mark_safe("".join(parts))  # every part was escaped above
+
+
+@register.filter
+def visible(value: Any) -> SafeString:
+    return visible_text(value)
+
+
+@register.filter
+def visible_plain(value: Any) -> str:
+    """The same for places that hold text only (a page title): ``[U+202E]``."""
+    text = "" if value is None else str(value)
+    return "".join(f"[U+{ord(c):04X}]" if _hidden(c) else c for c in text)
 
 
 @register.filter
@@ -57,8 +128,38 @@ def epoch(ts: float | None) -> str:
 
 
 @register.filter
+def when(ts: float | datetime | None) -> SafeString | str:
+    """A ``<time>`` in UTC; console.js shows it in the viewer's zone, UTC on hover."""
+    if ts is None:
+        return "—"
+    moment = ts if isinstance(ts, datetime) else datetime.fromtimestamp(ts, UTC)
+    moment = moment.astimezone(UTC)
+    utc = moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+    iso = moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    # Digits, dashes, colons and "UTC" only: nothing to escape.
+    return mark_safe(f'<time datetime="{iso}" title="{utc}">{utc}</time>')
+
+
+@register.filter
+def short_id(effect_id: str) -> str:
+    """``eff_3f2a9c1e0b7d…``: enough to tell rows apart (ids are ASCII; no Truncator)."""
+    return effect_id if len(effect_id) <= 16 else effect_id[:15] + "…"
+
+
+@register.filter
+def shorten(text: str, width: int = 90) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@register.filter
 def tier_label(tier: str) -> str:
     return _TIER_LABELS.get(tier, tier)
+
+
+@register.filter
+def tier_class(tier: str) -> str:
+    """The badge class of a tier (what ``tier_label|slugify`` gives, without the regex)."""
+    return _TIER_LABELS.get(tier, tier).replace(" ", "-").lower()
 
 
 @register.filter
@@ -66,24 +167,60 @@ def is_secret(value: Any) -> bool:
     return isinstance(value, str) and bool(SECRET_DIGEST.match(value))
 
 
+def secret_text(value: str, show_digest: bool) -> str:
+    """A secret field's digest as a person may see it: ``secret`` for viewers, the
+    scheme and a short prefix for operators and above; never the whole digest."""
+    if not show_digest:
+        return "secret"
+    scheme, _, digest = value.partition(":")
+    return f"secret · {scheme}:{digest[:DIGEST_PREFIX]}…"
+
+
+def redact(value: Any, show_digest: bool) -> Any:
+    """``value`` with every secret digest inside it replaced by ``secret_text``."""
+    if is_secret(value):
+        return secret_text(value, show_digest)
+    if isinstance(value, dict):
+        return {k: redact(v, show_digest) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v, show_digest) for v in value]
+    return value
+
+
 @register.filter
-def args_summary(effect: Any, width: int = 80) -> str:
-    """``amount=500, charge='ch_1', card=sha256:3f2a…`` cut to ``width`` characters."""
+def secret(value: str, show_digest: bool = False) -> str:
+    return secret_text(value, bool(show_digest))
+
+
+@register.filter
+def args_summary(effect: Any, show_digest: bool = False) -> SafeString:
+    """``amount=500, charge='ch_1', card=secret`` cut to 80 characters, made visible."""
+    width = 80
     try:
         args = effect.args
     except ValueError:
-        return "(unreadable arguments)"
+        return visible_text("(unreadable arguments)")
     if not isinstance(args, dict):
-        return _short(args)
-    text = ", ".join(f"{name}={_short(value)}" for name, value in args.items())
-    return text if len(text) <= width else text[: width - 1] + "…"
+        return visible_text(_short(args, bool(show_digest)))
+    text = ", ".join(f"{name}={_short(value, bool(show_digest))}" for name, value in args.items())
+    return visible_text(text if len(text) <= width else text[: width - 1] + "…")
 
 
 @register.filter
-def pretty_json(value: Any) -> str:
+def pretty_json(value: Any, show_digest: bool = False) -> SafeString | str:
+    """Indented JSON, secrets redacted, hidden characters made visible."""
     if value is None:
         return ""
-    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    text = json.dumps(
+        redact(value, bool(show_digest)), indent=2, sort_keys=True, ensure_ascii=False
+    )
+    return visible_text(text)
+
+
+@register.filter
+def compact_json(value: Any) -> str:
+    """One-line JSON, for templates a person copies (escaped by the template)."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 @register.filter
@@ -96,13 +233,20 @@ def get_item(mapping: dict[str, Any], key: str) -> Any:
     return mapping.get(key)
 
 
-def _short(value: Any) -> str:
+@register.filter
+def state_label(state: str) -> str:
+    return decision_context.STATE_LABELS.get(state, state)
+
+
+def _short(value: Any, show_digest: bool) -> str:
     if is_secret(value):
-        return value[: value.index(":") + 9] + "…"
+        return secret_text(value, show_digest)
     if isinstance(value, str):
-        return repr(value if len(value) <= 30 else value[:29] + "…")
+        # Quoted as written (not repr): a hidden character is then marked by visible_text.
+        return "'" + (value if len(value) <= 30 else value[:29] + "…") + "'"
     if isinstance(value, dict):
         return "{…}"
     if isinstance(value, list):
         return f"[{len(value)} items]"
-    return json.dumps(value)
+    text = json.dumps(value)
+    return text if len(text) <= 30 else text[:29] + "…"

@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "console",
     "reconciler",
+    "notifications",
 ]
 
 MIDDLEWARE = [
@@ -366,8 +367,19 @@ CELERY_TASK_SEND_SENT_EVENT = True
 # With JSON logs, workers keep Django's LOGGING instead of Celery's own root handler.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = OPENONCE_LOG_FORMAT != "json"
 
+# -- notifications: who is told when an effect starts waiting (notifications/config.py) --
+OPENONCE_NOTIFY = env_str("OPENONCE_NOTIFY", "")  # a JSON list of channels, or @file.json
+OPENONCE_CONSOLE_URL = env_str("OPENONCE_CONSOLE_URL", "http://127.0.0.1:8000")  # deep links
+OPENONCE_NOTIFY_INTERVAL = env_float("OPENONCE_NOTIFY_INTERVAL", 5.0, positive=True)
+DEFAULT_FROM_EMAIL = env_str("OPENONCE_MAIL_FROM", "openonce@localhost")
+
 # The one place the periodic work is declared.
 CELERY_BEAT_SCHEDULE = {
+    "openonce-notify": {
+        "task": "openonce.notify",
+        "schedule": OPENONCE_NOTIFY_INTERVAL,
+        "options": {"expires": OPENONCE_NOTIFY_INTERVAL},
+    },
     "openonce-sweep": {
         "task": "openonce.tick",
         "schedule": OPENONCE_SWEEP_INTERVAL,

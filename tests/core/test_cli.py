@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from openonce_core import EffectState, OpenOnce, require_approval_for
+from openonce_core.schema import SCHEMA_VERSION
 
 
 def openonce(db: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -30,10 +31,10 @@ def db(request, tmp_path) -> str:
 def test_migrate_installs_schema_once(db):
     first = openonce(db, "migrate")
     assert first.returncode == 0, first.stderr
-    assert "migrated from version 0 to 2" in first.stdout
+    assert f"migrated from version 0 to {SCHEMA_VERSION}" in first.stdout
     again = openonce(db, "migrate")
     assert again.returncode == 0
-    assert "already at version 2" in again.stdout
+    assert f"already at version {SCHEMA_VERSION}" in again.stdout
 
 
 def test_commands_before_migrate_say_what_to_do(db):

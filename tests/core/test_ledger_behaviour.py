@@ -2060,20 +2060,20 @@ def test_schema_version_and_repeated_migrate(store, store_kind):
         return "sent"
 
     send("a@b.c")
-    assert store.schema_version() == SCHEMA_VERSION == 2
-    assert store.migrate() == 2
-    assert store.migrate() == 2
-    assert store.schema_version() == 2
+    assert store.schema_version() == SCHEMA_VERSION == 3
+    assert store.migrate() == SCHEMA_VERSION
+    assert store.migrate() == SCHEMA_VERSION
+    assert store.schema_version() == SCHEMA_VERSION
     assert send("a@b.c") == "sent"  # migrating again kept the ledger
     assert calls == ["a@b.c"]
     if store_kind == "sqlite":
         rows = sqlite3.connect(store.path).execute("SELECT version FROM openonce_schema")
-        assert rows.fetchall() == [(1,), (2,)]
+        assert rows.fetchall() == [(1,), (2,), (3,)]
     elif store_kind == "postgres":
         import psycopg
 
         with psycopg.connect(store.dsn) as conn:
             rows = conn.execute("SELECT version FROM openonce_schema ORDER BY 1").fetchall()
-        assert rows == [(1,), (2,)]
+        assert rows == [(1,), (2,), (3,)]
     else:
         assert isinstance(store, InMemoryStore)

@@ -202,9 +202,13 @@ def test_queue_shows_what_waits_for_a_person_oldest_first(agent: Agent, users) -
     assert 'data-kind="unknown">1<' in page
     assert "stripe.refund" in page and "ledger.sync" in page
     assert "charge=&#x27;ch_queue&#x27;, amount=1250" in page  # the argument summary
-    assert "tier 1" in page  # Stripe's capability tier
+    assert "evidence tier 1" in page  # how far a Stripe probe can be trusted
     assert ">unknown<" in page  # ledger.sync has no capability
-    assert "1/3" in page  # attempt of max attempts (the unknown ones ran once)
+    assert "risk" not in page.lower().split("<main")[1]  # a tier is not a risk
+    # Who asked: the journal's first line names the agent process (host:pid).
+    actor = agent.journal(pending)[0].actor.removeprefix("agent:")
+    assert actor.rsplit(":", 1)[0] in page
+    assert "not probed yet" in page  # the UNKNOWN effects
 
 
 def test_queue_kind_filter_is_in_the_url(agent: Agent, users) -> None:
@@ -223,12 +227,17 @@ def test_queue_poll_replaces_only_its_table_and_holds_no_form(agent: Agent, user
     assert response.status_code == 200
     assert fragment.lstrip().startswith('<section id="queue-table"')
     assert 'hx-trigger="every 5s"' in fragment
+    # Morphed in place (idiomorph), each row with a stable id, so focus survives.
+    assert 'hx-ext="morph"' in fragment and 'hx-swap="morph:outerHTML"' in fragment
+    assert f'id="row-{pending}"' in fragment
+    assert 'data-title="(1) Human queue' in fragment  # the tab title carries the count
     assert pending in fragment
     assert "<html" not in fragment and "<form" not in fragment
     assert "HX-Request" in response["Vary"]
     # The full page polls that table, and the health panel on its own.
     page = html(client.get(reverse("queue")))
-    assert 'id="queue-table" hx-get="/" hx-trigger="every 5s"' in page
+    assert re.search(r'id="queue-table"[^>]*hx-get="/\?since=[0-9.]+"', page)
+    assert "<title>(1) Human queue" in page
     assert 'id="health-panel"' in page
 
 
@@ -273,9 +282,9 @@ def test_effects_list_scope_filter_and_keyset_pages_keep_the_filter(
     for _ in range(5):
         page = html(client.get(url))
         seen += sorted((e for e in [*made, outsider] if e in page), key=page.index)
-        if "Older effects" not in page:
+        if 'rel="next"' not in page:
             break
-        url = re.search(r'<a href="([^"]+)"[^>]*>Older effects', page)[1].replace("&amp;", "&")
+        url = re.search(r'<a rel="next" href="([^"]+)"', page)[1].replace("&amp;", "&")
         assert f"scope={scope}" in url and "after=" in url  # the filter stays in the URL
     newest_first = Effect.objects.filter(scope=scope).order_by("-created_at", "-id")
     assert seen == [e.id for e in newest_first]  # every one, once, in order
@@ -314,7 +323,9 @@ def test_detail_shows_everything_a_decision_needs(agent: Agent, users) -> None:
     page = html(client_for(users["operator"]).get(reverse("effect", args=[effect_id])))
 
     assert CARD not in page
-    assert "secret · hash" in page and effect.args["card"] in page  # shown as its hash
+    # An operator sees the digest's scheme and a short prefix, never the whole digest.
+    scheme, digest = effect.args["card"].split(":")
+    assert f"secret · {scheme}:{digest[:8]}…" in page and digest not in page
     assert effect.args_fingerprint in page and effect.provider_key in page
     assert "Execution evidence" in page and "Verification evidence" in page
     assert "connection reset after the request was sent" in page  # the recorded error
@@ -440,8 +451,14 @@ def test_resolve_happened_checks_the_receipt_before_committing(agent: Agent, use
 
     receipt = json.dumps({"charge": "ch_9"})
     response = decide(client, "resolve-happened", effect_id, fence, receipt=receipt)
-    assert response.status_code == 409
+    assert response.status_code == 400
     assert "receipt is missing required field &#x27;stripe_id&#x27;" in html(response)
+    assert agent.state(effect_id) == "unknown"
+
+    # The template's empty fields must be filled in, not committed empty.
+    response = decide(client, "resolve-happened", effect_id, fence, receipt='{"stripe_id": ""}')
+    assert response.status_code == 400
+    assert "Fill in or remove the empty field stripe_id" in html(response)
     assert agent.state(effect_id) == "unknown"
 
     receipt = json.dumps({"stripe_id": "ch_9"})
@@ -642,7 +659,9 @@ def test_capabilities_page_shows_matrix_guidance_and_readiness(agent: Agent, use
         assert f'id="cap-{name}"' in page
     assert "inconclusive forever: sent copy can fail after delivery" in page
     assert "a miss is not evidence: never re-arm without a person&#x27;s decision" in page
-    assert "ready" in page
+    assert "reviewed" in page
+    # No prober is registered in the tests: said once per row, never beside "ready".
+    assert "none registered" in page and ">ready<" not in page
     assert 'id="health-panel"' in page
 
 

@@ -1,0 +1,113 @@
+"""The search box: one line of text, read as the kind of thing a person pastes into it.
+
+* ``eff_3f2a…`` — an effect id, full or a prefix;
+* ``stripe.*`` (any ``*``, ``?`` or ``[``) — a tool glob;
+* ``charge=ch_1`` (one or more ``name=value``, space separated; ``a.b=1`` reaches into
+  an object) — argument values: ``1``, ``true``, ``null`` and ``"quoted"`` are JSON,
+  anything else is a string;
+* ``id:``, ``key:``, ``scope:``, ``tool:`` or ``arg:`` in front says which, explicitly;
+* anything else — an idempotency key or scope (run id) prefix, an effect id prefix, or
+  an exact tool name, whichever matches.
+
+Parsing never touches the database; ``SearchError`` says what is wrong with a query.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_QUERY = 500
+MAX_TERMS = 8
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)*$")
+_ID = re.compile(r"^eff_[0-9a-f]{1,32}$")
+_GLOB_CHARS = set("*?[")
+_KINDS = ("id", "key", "scope", "tool", "arg")
+
+
+class SearchError(ValueError):
+    """The query cannot be read; the message says how to write it."""
+
+
+@dataclass(frozen=True)
+class Search:
+    kind: str  # id, key, scope, tool, arg or any
+    text: str  # the prefix, glob or token searched for
+    args: dict[str, Any] = field(default_factory=dict)  # for kind "arg": a JSON object
+
+    def describe(self) -> str:
+        if self.kind == "id":
+            return f"effect id starting with {self.text}"
+        if self.kind == "key":
+            return f"idempotency key starting with {self.text}"
+        if self.kind == "scope":
+            return f"scope (run id) starting with {self.text}"
+        if self.kind == "tool":
+            return f"tool matching {self.text}"
+        if self.kind == "arg":
+            return "arguments containing " + json.dumps(self.args, ensure_ascii=False)
+        return f"id, key or scope starting with {self.text}, or tool {self.text}"
+
+
+def parse(query: str) -> Search | None:
+    """``None`` for an empty query; ``SearchError`` for one that cannot be read."""
+    text = query.strip()
+    if not text:
+        return None
+    if len(text) > MAX_QUERY:
+        raise SearchError(f"A search is at most {MAX_QUERY} characters.")
+    if any(ord(c) < 32 or c == "\x7f" for c in text):
+        raise SearchError("A search cannot contain control characters.")
+    kind, sep, rest = text.partition(":")
+    if sep and kind in _KINDS and rest.strip():
+        return _explicit(kind, rest.strip())
+    if _ID.match(text):
+        return Search("id", text)
+    if "=" in text and _NAME.match(text.split("=", 1)[0]):
+        return Search("arg", text, _arguments(text))
+    if _GLOB_CHARS & set(text):
+        return Search("tool", text)
+    return Search("any", text)
+
+
+def _explicit(kind: str, text: str) -> Search:
+    if kind == "arg":
+        return Search("arg", text, _arguments(text))
+    return Search(kind, text)
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    terms = text.split()
+    if len(terms) > MAX_TERMS:
+        raise SearchError(f"Search at most {MAX_TERMS} arguments at once.")
+    doc: dict[str, Any] = {}
+    for term in terms:
+        name, sep, raw = term.partition("=")
+        if not sep or not _NAME.match(name):
+            raise SearchError(f"{term!r}: write an argument search as name=value, e.g. charge=ch_1")
+        value = _value(raw)
+        *parents, leaf = name.split(".")
+        node = doc
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise SearchError(f"{name!r} reaches into {part!r}, searched as a value too")
+            node = child
+        if leaf in node:
+            raise SearchError(f"{name!r} is searched twice")
+        node[leaf] = value
+    return doc
+
+
+def _value(raw: str) -> Any:
+    if raw in ("true", "false", "null") or raw.startswith('"'):
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            raise SearchError(f"{raw!r} is not a JSON string; close the quotes") from None
+    if re.fullmatch(r"-?(?:0|[1-9][0-9]{0,17})", raw):
+        return int(raw)  # integers only: amounts are minor units, floats are refused
+    return raw
