@@ -16,18 +16,23 @@ def main() -> int:
     from django.core.management import execute_from_command_line
     from django.db import DatabaseError
 
+    from openonce_core import SchemaVersionError
+
     try:
         execute_from_command_line(sys.argv)
     except ImproperlyConfigured as exc:
         print(f"ImproperlyConfigured: {exc}", file=sys.stderr)
         return 2
-    except DatabaseError as exc:
-        # The usual cause: a command run against a ledger file that was never set up.
+    except (DatabaseError, SchemaVersionError) as exc:
+        # The usual cause: a command run against a ledger file that was never set up (the
+        # core finds no schema; Django finds no tables).
         from django.conf import settings
 
         message = str(exc)
-        if "no such table" not in message and not (
-            message.startswith("relation ") and "does not exist" in message
+        if (
+            not isinstance(exc, SchemaVersionError)
+            and "no such table" not in message
+            and not (message.startswith("relation ") and "does not exist" in message)
         ):
             raise
         print(

@@ -581,7 +581,7 @@ def capability_matrix() -> list[CapabilityRow]:
 def registered_probers() -> dict[str, list[Any]]:
     """Tool -> probers registered with this deployment's reconciler (OPENONCE_PROBERS).
     The Reconciler keeps them privately; this read is the console's only use of it."""
-    return dict(getattr(get_reconciler(), "_probers", {}))
+    return get_reconciler().probers
 
 
 def capabilities_for(tool: str) -> list[Capability]:

@@ -25,7 +25,13 @@
     ├── ApproverAlreadyCounted       one person cannot approve twice
     ├── LedgerWriteError             the handler ran, recording its outcome failed
     │   └── LeaseLostError           a newer owner holds the effect; this result is evidence only
-    └── SchemaVersionError           the ledger schema is newer or older than this code
+    ├── HandlerNotStartedError       the handler never began (its loop closed): call again
+    ├── SchemaVersionError           the ledger schema is newer or older than this code
+    ├── ConfigurationError           set up in a way that breaks a promise (secrets, no pepper)
+    ├── CapabilityError              provider knowledge that cannot be used (names the field)
+    └── WiringError                  a probers / capabilities reference that cannot be loaded
+
+    ConformanceError       (an AssertionError) a prober's results miss its conformance plan
 
     BusinessError          raise it from a handler: the provider said no; FAILED, replayed
     RetryableEffectError   raise it from a handler: definitely did not happen, run again

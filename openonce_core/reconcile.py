@@ -173,6 +173,11 @@ class Reconciler:
     def store(self) -> Store:
         return self.oo.store
 
+    @property
+    def probers(self) -> dict[str, list[AnyProber]]:
+        """The probers registered per tool (a copy): what the console shows as "probed"."""
+        return {tool: list(found) for tool, found in self._probers.items()}
+
     def register(
         self,
         tool: str,

@@ -16,9 +16,9 @@ def now() -> float:
 
 
 def new_effect_id() -> str:
-    """``eff_`` + 32 hex digits: 12 of milliseconds, then 20 random. Ids sort by creation
-    time, so new rows land at the end of the primary key's index instead of anywhere."""
-    return f"eff_{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
+    """``eff_`` + 32 random hex digits: any prefix a person copies from the console (it
+    shows the first 15 characters) tells effects apart."""
+    return "eff_" + os.urandom(16).hex()
 
 
 # Not frozen only because a frozen __init__ costs more than the rest of a SQLite replay;

@@ -76,8 +76,17 @@ def reconciler_health(at: datetime | None = None) -> Health:
     _quarantined(health)
     last = Sweep.objects.order_by("-started_at").first()
     grace = float(settings.OPENONCE_HEALTH_STARTUP_GRACE)
-    starting = start is not None and (at - start.started_at).total_seconds() <= grace
-    if last is None or (start is not None and last.started_at < start.started_at):
+    # In its start-up grace only until its first sweep: a daemon that swept once and then
+    # stopped is stopped, however recently it started.
+    no_sweep_since_start = last is None or (
+        start is not None and last.started_at < start.started_at
+    )
+    starting = (
+        start is not None
+        and (at - start.started_at).total_seconds() <= grace
+        and no_sweep_since_start
+    )
+    if no_sweep_since_start:
         if starting:
             assert start is not None
             age = (at - start.started_at).total_seconds()

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from openonce_core import InMemoryStore, SQLiteStore, Store
+from openonce_core.testing import FakeClock
 
 PG_DSN = os.environ.get("OPENONCE_TEST_PG", "postgresql://root@127.0.0.1:5432/test")
 STORES = ["memory", "sqlite", "postgres"]
@@ -40,6 +41,12 @@ def make_target(kind: str, tmp_path, request) -> str:
     if kind == "sqlite":
         return str(tmp_path / "ledger.db")
     return request.getfixturevalue("pg_dsn")
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """The ledger's time, moved by the test (``clock.advance(301)``) instead of slept."""
+    return FakeClock()
 
 
 @pytest.fixture(params=STORES)

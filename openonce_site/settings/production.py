@@ -75,4 +75,4 @@ SECURE_HSTS_PRELOAD = HTTPS
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_AGE = 8 * 3600  # a working day
 # Health checks and monitors speak plain HTTP inside the network.
-SECURE_REDIRECT_EXEMPT = [r"^health/$"]
+SECURE_REDIRECT_EXEMPT = [r"^(health|livez|readyz|metrics)/?$"]

@@ -33,7 +33,6 @@ from tests.support.fake_stripe import FakeStripeServer
 pytestmark = pytest.mark.slow
 
 
-
 @pytest.fixture
 def stripe() -> Iterator[FakeStripeServer]:
     with FakeStripeServer() as server:

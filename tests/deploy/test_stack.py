@@ -542,12 +542,14 @@ def test_approving_a_refund_and_resolving_an_unknown_on_the_deployed_console(
 
     sign_in(page, "approver")
     page.goto(f"/effects/{refund_id}/")
-    expect(page.locator("#effect > header .state")).to_have_text("requires_approval")
+    expect(page.locator("#effect > header .state")).to_have_attribute(
+        "data-state", "requires_approval"
+    )
     form = page.locator("#action-approve")
     form.locator("[name=reason]").fill("customer called; refund is due")
     form.locator("input[name=confirm]").check()
     form.get_by_role("button", name="Approve").click()
-    expect(page.locator("#effect > header .state")).to_have_text("approved")
+    expect(page.locator("#effect > header .state")).to_have_attribute("data-state", "approved")
     screenshot(page, "deployed-refund-approved.png")
     last = agent.oo.journal(refund_id)[-1]
     assert (last.actor, last.reason) == ("operator:approver", "customer called; refund is due")
@@ -560,13 +562,13 @@ def test_approving_a_refund_and_resolving_an_unknown_on_the_deployed_console(
     page.get_by_role("button", name="Sign out").click()
     sign_in(page, "operator")
     page.goto(f"/effects/{charge_id}/")
-    expect(page.locator("#effect > header .state")).to_have_text("unknown")
+    expect(page.locator("#effect > header .state")).to_have_attribute("data-state", "unknown")
     form = page.locator("#action-resolve-happened")
     form.locator("[name=receipt]").fill('{"stripe_id": "pi_d1"}')
     form.locator("[name=reason]").fill("pi_d1 is in the Stripe dashboard")
     form.locator("input[name=confirm]").check()
     form.get_by_role("button", name="Resolve: it happened").click()
-    expect(page.locator("#effect > header .state")).to_have_text("committed")
+    expect(page.locator("#effect > header .state")).to_have_attribute("data-state", "committed")
     screenshot(page, "deployed-unknown-resolved.png")
     effect = agent.oo.get(charge_id)
     assert (effect.state, effect.result) == ("committed", {"stripe_id": "pi_d1"})

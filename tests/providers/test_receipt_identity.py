@@ -115,8 +115,9 @@ def test_an_override_needs_a_reason_and_is_journaled(store) -> None:
     )
 
     assert done.state == "committed" and done.result == receipt
-    last = oo.journal(effect_id)[-1]
-    assert last.actor == "operator:eric" and last.to_state == "committed"
+    last, verdict = oo.journal(effect_id)[-2:]  # the receipt, then its check (one commit)
+    assert last.actor == "operator:eric" and last.action == "resolve_happened"
+    assert verdict.to_state == "committed"
     assert "relay rewrote" in last.reason
     [problem] = last.evidence["identity_override"]
     assert "relayed-123" in problem
@@ -130,4 +131,4 @@ def test_a_matching_receipt_needs_no_override(store) -> None:
     done = oo.resolve_happened(effect_id, receipt={"message_id": f"<{key}@mail.example>"}, by="e")
 
     assert done.state == "committed"
-    assert "identity_override" not in oo.journal(effect_id)[-1].evidence
+    assert "identity_override" not in oo.journal(effect_id)[-2].evidence

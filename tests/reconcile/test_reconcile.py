@@ -185,11 +185,6 @@ class Fixed:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
 def oo(store: Store, clock: FakeClock) -> OpenOnce:
     return OpenOnce(store, retry_delay=0, clock=clock)
 

@@ -295,14 +295,16 @@ def test_resolve_happened_commits_the_receipt_and_the_agent_replays_it(
     expect(state_badge(page)).to_have_attribute("data-state", "committed")
     receipt_card = page.locator(".card", has=page.get_by_role("heading", name="Receipt"))
     expect(receipt_card).to_contain_text('"stripe_id": "pi_1"')
-    last_line = page.locator(".timeline li").last
-    expect(last_line).to_contain_text("operator:operator: unknown → committed")
-    expect(last_line).to_contain_text("pi_1 is in the Stripe dashboard")
+    # The receipt and its check, as the journal shows them (one commit).
+    receipt_line = page.locator(".timeline li").nth(-2)
+    expect(receipt_line).to_contain_text("operator:operator: unknown → receipt_recorded")
+    expect(receipt_line).to_contain_text("pi_1 is in the Stripe dashboard")
+    expect(page.locator(".timeline li").last).to_contain_text("receipt_recorded → committed")
     screenshot(page, "effect-resolved.png")
 
     effect = agent.oo.get(effect_id)
     assert (effect.state, effect.result) == ("committed", {"stripe_id": "pi_1"})
-    last = agent.oo.journal(effect_id)[-1]
+    last = agent.oo.journal(effect_id)[-2]
     assert (last.actor, last.reason) == ("operator:operator", "pi_1 is in the Stripe dashboard")
     assert last.evidence["receipt"] == {"stripe_id": "pi_1"}
 

@@ -40,12 +40,13 @@ from openonce_core import (
     all_of,
     require_approval_for,
 )
-from openonce_core import runtime as core_runtime
+from openonce_core.testing import FakeClock
 from openonce_site import ledger as site_ledger
 
 PASSWORD = "correct horse battery staple"
 CSRF = "c" * 32  # a CSRF secret as the cookie holds it; the header repeats it
 UNKNOWN = object()  # a handler outcome: raise "may have happened"
+PEPPER = b"console-tests-pepper-0123456789"
 CARD = "4242424242424242"
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -57,15 +58,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 class Agent:
     """Makes effects the way an agent process does, on the console's ledger."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Any = None) -> None:
         store = site_ledger.get_openonce().store  # shared: never closed here
         policy = all_of(
             require_approval_for(["stripe.refund"]),
             require_approval_for(["wire.*"], approvers=2),
         )
-        self.oo = OpenOnce(store, policy=policy)
+        self.oo = OpenOnce(store, policy=policy, secret_pepper=PEPPER, clock=clock)
         # Holds handlers to the provider receipt contract: a bad receipt -> human review.
-        self.strict = OpenOnce(store, enforce_provider_receipts=True)
+        self.strict = OpenOnce(store, enforce_provider_receipts=True, clock=clock)
 
     def call(
         self,
@@ -291,11 +292,9 @@ def test_effects_list_scope_filter_and_keyset_pages_keep_the_filter(
     assert len(seen) == 5 and outsider not in seen
 
 
-def test_effects_list_time_range_and_stuck_filters(agent: Agent, users, monkeypatch) -> None:
-    hour_ago = time.time() - 3600
-    monkeypatch.setattr(core_runtime, "now", lambda: hour_ago)
-    old = agent.pending(charge="ch_old", amount=1)
-    monkeypatch.undo()
+def test_effects_list_time_range_and_stuck_filters(agent: Agent, users) -> None:
+    an_hour_ago = Agent(clock=FakeClock(time.time() - 3600))  # an agent whose call was then
+    old = an_hour_ago.pending(charge="ch_old", amount=1)
     fresh = agent.pending(charge="ch_new", amount=2)
     client = client_for(users["viewer"])
 
@@ -468,9 +467,10 @@ def test_resolve_happened_checks_the_receipt_before_committing(agent: Agent, use
     assert response.status_code == 302
     effect = agent.oo.get(effect_id)
     assert (effect.state, effect.result) == ("committed", {"stripe_id": "ch_9"})
-    last = agent.journal(effect_id)[-1]
+    last, verdict = agent.journal(effect_id)[-2:]  # the receipt, then its check
     assert (last.actor, last.reason) == ("operator:operator", "seen in dashboard")
     assert last.evidence["receipt"] == {"stripe_id": "ch_9"}
+    assert (verdict.action, verdict.to_state) == ("check_receipt", "committed")
 
 
 def test_resolve_not_happened_needs_a_reason(agent: Agent, users) -> None:

@@ -19,8 +19,13 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--watch", action="store_true", help="keep running")
 
-    def handle(self, *args: Any, watch: bool = False, **options: Any) -> None:
+    def execute(self, *args: Any, **options: Any) -> Any:
+        # Before the system checks: one of them (a JSONField's) opens the database, which
+        # would create an empty SQLite file where the ledger was expected.
         _require_ledger()
+        return super().execute(*args, **options)
+
+    def handle(self, *args: Any, watch: bool = False, **options: Any) -> None:
         while True:
             report = tick()
             if report.owed or report.sent or report.failed or not watch:
@@ -46,6 +51,7 @@ def _require_ledger() -> None:
             )
     if "notifications_delivery" not in connection.introspection.table_names():
         raise CommandError(
-            f"the database {db['NAME']} has no notification tables: run"
-            " `python manage.py migrate` (OPENONCE_DATABASE selects the database)"
+            f"the database {db['NAME']} has no notification tables: set OPENONCE_DATABASE"
+            " to your ledger (a SQLite path or a postgresql:// DSN), then run"
+            " `python manage.py migrate` once"
         )
