@@ -40,22 +40,33 @@ class Spec:
     plain_names: tuple[str, ...] | None = None
 
 
-@dataclass(frozen=True, slots=True)
 class Call:
-    """One call, checked and keyed, before anything is written."""
+    """One call, checked and keyed, before anything is written. (A plain class: it is made
+    on every call, and a frozen dataclass's __init__ costs more than its work.)"""
 
-    spec: Spec
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    stored_args: dict[str, Any]
-    key: str
-    fingerprint: str  # of every argument as stored: what an approval or a re-arm covers
-    scope: str | None
-    secrets: tuple[str, ...] = ()  # clear secret values, scrubbed from anything recorded
+    __slots__ = ("args", "fingerprint", "key", "kwargs", "scope", "secrets", "spec",
+                 "stored_args", "tool")  # fmt: skip
 
-    @property
-    def tool(self) -> str:
-        return self.spec.tool
+    def __init__(
+        self,
+        spec: Spec,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        stored_args: dict[str, Any],
+        key: str,
+        fingerprint: str,  # of every argument as stored: what an approval or re-arm covers
+        scope: str | None,
+        secrets: tuple[str, ...] = (),  # clear secret values, scrubbed from what is recorded
+    ) -> None:
+        self.spec = spec
+        self.tool = spec.tool
+        self.args = args
+        self.kwargs = kwargs
+        self.stored_args = stored_args
+        self.key = key
+        self.fingerprint = fingerprint
+        self.scope = scope
+        self.secrets = secrets
 
 
 def make_spec(

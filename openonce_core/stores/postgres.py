@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import threading
 import time
 import uuid
@@ -44,7 +45,10 @@ T = TypeVar("T")
 CHANNEL = "openonce_effects"
 
 
+@functools.lru_cache(maxsize=512)
 def _pg(query: str) -> str:
+    """A shared query (``?`` placeholders) in psycopg's style; the reads are a few fixed
+    texts, so each is converted once."""
     return query.replace("%", "%%").replace("?", "%s")
 
 
@@ -273,8 +277,18 @@ class PostgresStore(sql.SQLStore):
             return self._with_cursor(work)
 
     def _one(self, query: str, params: Sequence[Any]) -> Any:
+        # Every replay's read: lend, execute, return, without the closures of _read.
         stmt = _pg(query)
-        return self._read(lambda cur: cur.execute(stmt, params).fetchone())
+        conn, cur = self.pool.get()
+        try:
+            row = cur.execute(stmt, params).fetchone()
+        except BaseException as exc:
+            self.pool.put(conn, cur, broken=_is_disconnect(exc) or conn.broken)
+            if not _is_disconnect(exc):
+                raise
+            return self._read(lambda cur: cur.execute(stmt, params).fetchone())
+        self.pool.put(conn, cur)
+        return row
 
     def _all(self, query: str, params: Sequence[Any]) -> list[Any]:
         stmt = _pg(query)

@@ -14,6 +14,7 @@ import contextvars
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -125,8 +126,15 @@ def test_forked_children_sharing_a_used_client_never_run_a_key_twice(durable_tar
     # The parent's client still works after its children used their own connections.
     assert charge(-1)["n"] == -1
     assert charge(41)["n"] == 41
-    owners = {line.actor for e in oo.store.list_effects(limit=100) for line in oo.journal(e.id)[:1]}
-    assert len(owners) > 2  # the claims name their own processes, not the parent
+    # Each key the children ran was claimed under the name of the child that ran it.
+    ran_by = {int(line.split()[0]): int(line.split()[1]) for line in lines}
+    for n in range(40):
+        effect = oo.store.find("fork.charge", f"k{n}")
+        assert effect is not None
+        claim = oo.journal(effect.id)[0]
+        assert claim.actor != f"agent:{parent_owner}"
+        assert claim.actor.startswith(f"agent:{socket.gethostname()}:{ran_by[n]}:")
+        assert ran_by[n] in children
     oo.close()
 
 
