@@ -49,12 +49,11 @@ def begin(task_id: str, task_name: str, effect_ids: list[str], retries: int) -> 
         quarantine = row.deliveries > settings.OPENONCE_TASK_MAX_DELIVERIES
         if quarantine:
             row.quarantined_at = now
+            # A batch is split in the same commit, so no reader (health, the sweep) ever
+            # sees the healthy effects of the batch as quarantined.
+            row.split = len(row.effect_ids) > 1
         row.save()
         return not quarantine
-
-
-def mark_split(task_id: str) -> None:
-    TaskDelivery.objects.filter(task_id=task_id).update(split=True)
 
 
 def finish(task_id: str) -> None:

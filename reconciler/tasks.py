@@ -102,8 +102,8 @@ def _quarantine(task_id: str, ids: list[str], sweep_id: int | None) -> None:
             Sweep.objects.filter(pk=sweep_id).update(batches=F("batches") + len(ids))
         record_report(sweep_id, ReconcileReport())
     if len(ids) > 1:
-        # Isolate the effect that kills workers: one message per effect.
-        deliveries.mark_split(task_id)
+        # Isolate the effect that kills workers: one message per effect (begin marked
+        # the batch split; a redelivery of it after a crash here queues them again).
         log.error(
             "batch %s killed its worker %d times; splitting its %d effects into"
             " single-effect batches", task_id, limit, len(ids),
