@@ -166,14 +166,19 @@ class Requester:
 
 
 def requester(first_actor: str | None, scope: str | None) -> Requester | None:
-    """From the journal's first line (``agent:<host:pid>`` or ``agent:<owner name>``)."""
+    """From the journal's first line: ``agent:<host:pid:token>`` (the core's owner name),
+    ``agent:<host:pid>`` (older ledgers) or ``agent:<a name the agent chose>``."""
     if not first_actor or not first_actor.startswith("agent:"):
         return None
     owner = first_actor.removeprefix("agent:")
-    host, _, pid = owner.rpartition(":")
+    parts = owner.rsplit(":", 2)
+    if len(parts) == 3 and not parts[1].isdigit():
+        parts = owner.rsplit(":", 1)
+    host, pid = (parts[0], parts[1]) if len(parts) > 1 else (owner, "")
     if not (host and pid.isdigit()):
-        host, pid = owner, ""
-    return Requester(owner, host, pid, scope or "")
+        return Requester(owner, owner, "", scope or "")
+    # The token after the pid only tells processes with one pid apart: no reader needs it.
+    return Requester(f"{host}:{pid}", host, pid, scope or "")
 
 
 @dataclass(frozen=True)

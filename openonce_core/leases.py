@@ -185,6 +185,11 @@ class LeaseKeeper:
         if self._held and not self._closed:
             self._start()
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread and wait for a renewal in flight: the store closes its
+        connections next, and closing one another thread is using can crash the driver."""
         self._closed = True
         self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)

@@ -2,7 +2,7 @@
 process, opened on the same database as Django's ``default`` connection (which, under the
 test runner, is the test database).
 
-Console actions and reconciler tasks change effects only through these (DESIGN.md
+Console actions and reconciler tasks change effects only through these (ARCHITECTURE.md
 invariant 1); the ORM models in ``console.models`` are the read side.
 """
 

@@ -5,7 +5,7 @@ effect at a fake provider (keyed by ``current_effect().provider_key``) and then 
 TimeoutError, so the ledger cannot know whether it happened. Probers read that fake
 provider. The assertions are on states, handler and prober call counts, journal lines and
 the report: the reconciler resolves with evidence, never by running the handler again
-(DESIGN.md invariants 3 and 5).
+(ARCHITECTURE.md, invariants 3 and 7).
 """
 
 from __future__ import annotations

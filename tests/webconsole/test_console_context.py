@@ -94,6 +94,10 @@ def test_the_requester_comes_from_the_first_journal_line() -> None:
     assert who is not None
     assert (who.host, who.pid, who.run) == ("worker-7.example", "4242", "run-9")
     assert str(who) == "worker-7.example pid 4242, run run-9"
+    # The core's owner name also tells processes with one pid apart; readers need host, pid.
+    core = context.requester("agent:vm:27246:4026531836.1038555", None)
+    assert core is not None
+    assert (core.agent, core.host, core.pid) == ("vm:27246", "vm", "27246")
     named = context.requester("agent:support-bot", None)
     assert named is not None and str(named) == "support-bot"
     assert context.requester("operator:eric", None) is None
