@@ -206,9 +206,10 @@ def test_queue_shows_what_waits_for_a_person_oldest_first(agent: Agent, users) -
     assert "evidence tier 1" in page  # how far a Stripe probe can be trusted
     assert ">unknown<" in page  # ledger.sync has no capability
     assert "risk" not in page.lower().split("<main")[1]  # a tier is not a risk
-    # Who asked: the journal's first line names the agent process (host:pid).
-    actor = agent.journal(pending)[0].actor.removeprefix("agent:")
-    assert actor.rsplit(":", 1)[0] in page
+    # Who asked: the journal's first line names the agent process (host:pid:token); the
+    # queue says its host and pid, not the token.
+    host, pid, token = agent.journal(pending)[0].actor.removeprefix("agent:").rsplit(":", 2)
+    assert f"{host} pid {pid}" in page and token not in page
     assert "not probed yet" in page  # the UNKNOWN effects
 
 
