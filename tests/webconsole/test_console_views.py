@@ -332,6 +332,9 @@ def test_detail_shows_everything_a_decision_needs(agent: Agent, users) -> None:
     assert "attempt 1 of 3" in page
     # The journal as a timeline: who, from -> to, reason.
     assert "<strong>agent:" in page and "planned →" in page and "may have happened" in page
+    # Who asked, in the decision context: the agent's host and pid.
+    host, pid, _ = agent.oo.journal(effect_id)[0].actor.removeprefix("agent:").rsplit(":", 2)
+    assert f'agent on host <code class="wrap">{host}</code>, pid {pid}' in page
     # The provider capability's guidance.
     assert "inconclusive inside the index lag window, then not-happened" in page
     assert "pass current_effect().provider_key as Stripe Idempotency-Key" in page
