@@ -40,7 +40,7 @@ from typing import Any
 
 import pytest
 import yaml
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from openonce_core import (
     ApprovalPending,
@@ -49,21 +49,12 @@ from openonce_core import (
     require_approval_for,
 )
 from openonce_core.stores.postgres import PostgresStore
+from tests.support.browser import launch, screenshot, sign_in_with
 from tests.support.daemon import create_database, drop_database, pick_redis_db
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("openonce_core", "openonce_site", "console", "reconciler")
-CHROMIUM = "/usr/bin/chromium"
 CADDY = "/usr/bin/caddy"
-LAUNCH_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 PASSWORD = "a long and unguessable passphrase"
 CONFIRM_TIMEOUT = 10_000  # ms
 
@@ -475,11 +466,8 @@ def agent(running: Stack) -> Iterator[Agent]:
 
 @pytest.fixture
 def browser() -> Iterator[Browser]:
-    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
-        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+    with launch() as browser:
         yield browser
-        browser.close()
 
 
 @pytest.fixture
@@ -506,16 +494,7 @@ def page(browser: Browser, running: Stack) -> Iterator[Page]:
 
 
 def sign_in(page: Page, username: str) -> None:
-    page.goto("/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.locator("form.signout")).to_contain_text(username)
-
-
-def screenshot(page: Page, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / name), full_page=True)
+    sign_in_with(page, username, PASSWORD)
 
 
 def test_the_sign_in_page_is_styled(page: Page) -> None:

@@ -16,20 +16,12 @@ from typing import Any
 
 import pytest
 
+from tests.support.browser import launch
+
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
-LAUNCH_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 AXE = Path(
     os.environ.get("OPENONCE_AXE", ROOT / ".venv" / "axe" / "node_modules/axe-core/axe.min.js")
 )
-SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
 # What the deployment's settings send (script-src 'self'; style-src 'self'; nothing
@@ -46,15 +38,8 @@ def chromium() -> Iterator[Any]:
     """One browser per module: Playwright's sync API runs an asyncio loop on this thread
     while it is open, and a session-long one would break every later test that calls
     asyncio.run() (pytest-django runs the database tests, these among them, first)."""
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an asyncio loop on this thread while it is open, so
-    # Django would take every ORM call here for one made from async code. They are not.
-    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
-        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+    with launch() as browser:
         yield browser
-        browser.close()
 
 
 @pytest.fixture
@@ -116,10 +101,3 @@ def axe_source() -> str:
             " registry), or set OPENONCE_AXE to an axe.min.js"
         )
     return AXE.read_text()
-
-
-def screenshot(page: Any, name: str) -> Path:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    path = SCREENSHOTS / name
-    page.screenshot(path=str(path), full_page=True)
-    return path

@@ -17,11 +17,10 @@ import re
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, expect
 from test_console_views import PASSWORD, fresh_ledger, make_users
 
 from openonce_core import (
@@ -32,19 +31,10 @@ from openonce_core import (
     require_approval_for,
 )
 from openonce_site import ledger as site_ledger
+from tests.support.browser import screenshot, sign_in_with
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-CHROMIUM = "/usr/bin/chromium"
-LAUNCH_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 CONFIRM = "I have checked this effect and confirm the decision"
 
 
@@ -114,21 +104,11 @@ def users(agent: Agent) -> None:
 # -- the browser --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    # Playwright's sync API keeps an asyncio loop on this thread while it is open, so
-    # Django would take every ORM call here (the tests' own, the database flush) for one
-    # made from async code. They are not: the loop only drives the browser.
-    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
-        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        yield browser
-        browser.close()
-
-
 @pytest.fixture
-def page(browser: Browser, live_server: Any, users: None) -> Iterator[Page]:
-    context = browser.new_context(base_url=live_server.url, viewport={"width": 1280, "height": 900})
+def page(chromium: Browser, live_server: Any, users: None) -> Iterator[Page]:
+    context = chromium.new_context(
+        base_url=live_server.url, viewport={"width": 1280, "height": 900}
+    )
     context.set_default_timeout(8000)
     page = context.new_page()
     errors: list[str] = []
@@ -147,11 +127,7 @@ def page(browser: Browser, live_server: Any, users: None) -> Iterator[Page]:
 
 
 def sign_in(page: Page, username: str) -> None:
-    page.goto("/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.locator("form.signout")).to_contain_text(username)
+    sign_in_with(page, username, PASSWORD)
 
 
 def action(page: Page, name: str) -> Locator:
@@ -167,11 +143,6 @@ def confirm(form: Locator) -> None:
 
 def state_badge(page: Page) -> Locator:
     return page.locator("#effect > header .state")
-
-
-def screenshot(page: Page, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / name), full_page=True)
 
 
 # -- 1. signing in ------------------------------------------------------------------------

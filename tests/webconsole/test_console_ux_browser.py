@@ -16,10 +16,12 @@ import re
 from typing import Any
 
 import pytest
-from conftest import DESKTOP, PHONE, screenshot
+from conftest import DESKTOP, PHONE
 from django.urls import reverse
 from playwright.sync_api import Page, expect
 from test_console_views import PASSWORD, UNKNOWN, Agent, fresh_ledger, make_users
+
+from tests.support.browser import screenshot, sign_in_with
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CONFIRM = "I have checked this effect and confirm the decision"
@@ -37,11 +39,7 @@ def users(agent: Agent) -> Any:
 
 
 def sign_in(page: Page, username: str) -> None:
-    page.goto("/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.locator("form.signout")).to_contain_text(username)
+    sign_in_with(page, username, PASSWORD)
 
 
 def row_count(page: Page) -> int:
