@@ -123,9 +123,13 @@ def raw_tables_ddl(dialect: str) -> list[str]:
         for stmt in batch:
             text = " ".join(stmt.split())
             for table, copy in renames.items():
-                if text.startswith((f"CREATE TABLE {table} ", f"ALTER TABLE {table} ")) or (
-                    text.startswith(("CREATE INDEX", "CREATE UNIQUE INDEX"))
-                    and f" ON {table} " in text
+                if (
+                    text.startswith((f"CREATE TABLE {table} ", f"ALTER TABLE {table} "))
+                    or text.startswith(f"DROP INDEX IF EXISTS {table}_")  # replaced later
+                    or (
+                        text.startswith(("CREATE INDEX", "CREATE UNIQUE INDEX"))
+                        and f" ON {table} " in text
+                    )
                 ):
                     statements.append(text.replace(table, copy))
     return statements

@@ -143,8 +143,8 @@ def human_queue(
 
 
 def first_actors(effect_ids: list[str]) -> dict[str, str]:
-    """Who made each effect: the actor of its first journal line. Two queries, both on
-    openonce_journal_effect (effect_id, seq), whatever the number of effects."""
+    """Who made each effect: the actor of its first journal line. Two queries, both on the
+    journal's key (effect_id, seq), whatever the number of effects."""
     if not effect_ids:
         return {}
     firsts = (
@@ -153,7 +153,8 @@ def first_actors(effect_ids: list[str]) -> dict[str, str]:
         .annotate(first=Min("seq"))
         .values_list("first", flat=True)
     )
-    return dict(JournalEntry.objects.filter(seq__in=list(firsts)).values_list("effect_id", "actor"))
+    lines = JournalEntry.objects.filter(effect_id__in=effect_ids, seq__in=list(firsts))
+    return dict(lines.values_list("effect_id", "actor"))
 
 
 def _unknown_past_grace(at: float) -> tuple[list[str], Count]:
@@ -434,7 +435,7 @@ def effect(effect_id: str) -> Effect | None:
 
 def journal(effect_id: str) -> Iterator[JournalEntry]:
     """Every line, oldest first, streamed (exports must not drop any). Served by
-    openonce_journal_effect (effect_id, seq)."""
+    the journal's key (effect_id, seq)."""
     return JournalEntry.objects.filter(effect_id=effect_id).order_by("seq").iterator(2000)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Journal and approvals name their effect without a foreign key: the core is their only
 # writer and always writes them in the effect's own transaction, and a foreign key would
@@ -175,6 +175,19 @@ _V3_SEARCH_PG = [
     """,
 ]
 
+# Version 4: the journal is keyed by (effect_id, seq) instead of seq alone. Lines are read
+# by effect, in order (store.journal, the detail page, first_actors, has_journal_line) and
+# people's lines by seq (the audit log, on openonce_journal_operators); nothing looks a line
+# up by seq alone, so the separate (effect_id, seq) index was a second btree on every line
+# of the hot path. Postgres only: on SQLite seq is the rowid, which costs no index. Adding
+# the key builds its index under a table lock, in one pass over the journal.
+_V4_JOURNAL_KEY_PG = [
+    "ALTER TABLE openonce_journal DROP CONSTRAINT openonce_journal_pkey",
+    "ALTER TABLE openonce_journal ADD CONSTRAINT openonce_journal_pkey"
+    " PRIMARY KEY (effect_id, seq)",
+    "DROP INDEX IF EXISTS openonce_journal_effect",
+]
+
 SCHEMA_TABLE = {
     "postgres": "CREATE TABLE IF NOT EXISTS openonce_schema"
     " (version integer PRIMARY KEY, applied_at double precision NOT NULL)",
@@ -196,12 +209,18 @@ def _to_sqlite(stmt: str) -> str:
 def migrations(dialect: str) -> dict[int, list[str]]:
     """Statements per version for ``dialect`` ("postgres" or "sqlite")."""
     if dialect == "postgres":
-        return {1: _V1 + _PG_APPEND_ONLY, 2: _V2 + _V2_PG, 3: _V3_SEARCH_PG}
+        return {
+            1: _V1 + _PG_APPEND_ONLY,
+            2: _V2 + _V2_PG,
+            3: _V3_SEARCH_PG,
+            4: _V4_JOURNAL_KEY_PG,
+        }
     if dialect == "sqlite":
         return {
             1: [_to_sqlite(s) for s in _V1] + _SQLITE_APPEND_ONLY,
             2: [_to_sqlite(s) for s in _V2],
             3: [],  # SQLite's byte-order indexes already serve the console's prefix ranges
+            4: [],  # the rowid is seq; (effect_id, seq) is the journal's one index already
         }
     raise ValueError(f"unknown dialect {dialect!r}")
 

@@ -417,6 +417,7 @@ class PostgresStore(sql.SQLStore):
             params += sql.journal_row(entry)[1:]
         if approval is not None:
             params += sql.approval_row(approval)[1:]
+        params.append(effect_id)  # whose waiters to wake
 
         def settle() -> bool | None:
             current = self.get(effect_id)
@@ -556,8 +557,10 @@ def _update_statement(
         f" WHERE id = %s AND state IN ({states}) AND fence = %s RETURNING id),"
         f" j AS (INSERT INTO openonce_journal ({sql.JOURNAL_COLUMNS})"
         f" SELECT u.id, v.* FROM u, (VALUES {values}) AS v)"
-        f"{approval},"
-        f" n AS (SELECT pg_notify('{CHANNEL}', u.id) FROM u"
-        "        WHERE EXISTS (SELECT 1 FROM openonce_waiters w WHERE w.effect_id = u.id))"
-        " SELECT count(*), (SELECT count(*) FROM n) FROM u"
+        f"{approval}"
+        # Wake the effect's registered waiters (none, nearly always: one probe of an empty
+        # index). Evaluated once, also when the update lost its race; the winner's commit
+        # notifies them too, and a waiter only re-reads.
+        " SELECT count(*), (SELECT count(pg_notify('" + CHANNEL + "', w.effect_id))"
+        " FROM openonce_waiters w WHERE w.effect_id = %s) FROM u"
     )

@@ -21,6 +21,7 @@ from django.urls import reverse
 from test_console_views import UNKNOWN, Agent, client_for, decide, fresh_ledger, html, make_users
 
 from console import search, selectors
+from console.models import JournalEntry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,6 +154,16 @@ def test_the_audit_log_filters_by_actor_action_tool_and_time(agent: Agent, users
     assert {j["effect_id"] for j in document["journal"]} == {wire, unknown}
 
 
+def explain(rows: Any) -> str:
+    sql, params = rows.query.sql_with_params()
+    with connection.cursor() as cursor:
+        # An empty table is read sequentially whatever the indexes: ask whether an index
+        # can serve the condition at all.
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + sql, params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
 EXPLAINS = [
     ("id", "eff_3f2a", "openonce_effects_id_prefix"),
     ("key", "refund-", "openonce_effects_key"),
@@ -165,14 +176,20 @@ EXPLAINS = [
 def test_each_search_kind_is_served_by_its_index(agent: Agent, kind: str, text: str, index: str):
     parsed = search.parse(f"{kind}:{text}")
     rows = selectors._filtered(selectors.EffectFilter(search=parsed), 0.0)
-    sql, params = rows.values("id").query.sql_with_params()
-    with connection.cursor() as cursor:
-        # An empty table is read sequentially whatever the indexes: ask whether an index
-        # can serve the condition at all.
-        cursor.execute("SET LOCAL enable_seqscan = off")
-        cursor.execute("EXPLAIN " + sql, params)
-        plan = "\n".join(row[0] for row in cursor.fetchall())
+    plan = explain(rows.values("id"))
     assert index in plan, plan
+
+
+def test_journal_reads_are_served_by_the_journal_key(agent: Agent) -> None:
+    """The journal has one index for agents' lines, its key (effect_id, seq): an effect's
+    lines, its newest lines, and the first line of each effect on a page all use it."""
+    refund = agent.call("stripe.refund", charge="ch_key", amount=100)
+    lines = JournalEntry.objects.filter(effect_id=refund)
+    assert "openonce_journal_pkey" in explain(lines.order_by("seq"))
+    assert "openonce_journal_pkey" in explain(lines.order_by("-seq")[:50])
+    firsts = JournalEntry.objects.filter(effect_id__in=[refund], seq__in=[1, 2])
+    assert "openonce_journal_pkey" in explain(firsts.values_list("effect_id", "actor"))
+    assert selectors.first_actors([refund]) == {refund: lines.order_by("seq")[0].actor}
 
 
 def test_a_tool_glob_is_the_tools_it_matches(agent: Agent) -> None:
