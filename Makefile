@@ -7,7 +7,7 @@ PG_TEST_DSN ?= postgresql://root@127.0.0.1:5432/test
 AXE_VERSION := 4.10.3
 AXE := $(VENV)/axe/node_modules/axe-core/axe.min.js
 
-.PHONY: venv demo test lint bench bench-reconcile bench-daemon bench-console clean check-python
+.PHONY: venv demo test lint bench bench-gap bench-reconcile bench-daemon bench-console clean check-python
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' || { \
@@ -61,6 +61,9 @@ lint: venv
 
 bench: venv
 	OPENONCE_BENCH_PG=$(PG_TEST_DSN) $(PY) bench/ledger.py
+
+bench-gap: venv
+	OPENONCE_BENCH_PG=$(PG_TEST_DSN) $(PY) bench/ledger_gap.py
 
 bench-reconcile: venv
 	OPENONCE_BENCH_PG=$(PG_TEST_DSN) $(PY) bench/reconcile.py

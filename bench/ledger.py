@@ -34,6 +34,7 @@ import os
 import platform
 import shutil
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -635,13 +636,15 @@ def render(lines: list[Line], settings: dict[str, Any], rounds: int, notes: list
         )
     out.append("+us/op: what ours adds to each call over raw (1e6/ours - 1e6/raw)")
     out.append("")
-    out.append("per round, ops/s ours / raw = ratio (the spread is this machine's noise):")
+    out.append(
+        "per round, ops/s ours / raw = ratio, and the median ratio (the spread is this"
+        " machine's noise):"
+    )
     for line in lines:
-        rounds_text = ", ".join(
-            f"{o:,.0f} / {r:,.0f} = {shown(o / r):.3f}"
-            for o, r in zip(line.ours_rounds, line.raw_rounds, strict=True)
-        )
-        out.append(f"  {line.store} {line.measure}: {rounds_text}")
+        pairs = list(zip(line.ours_rounds, line.raw_rounds, strict=True))
+        rounds_text = ", ".join(f"{o:,.0f} / {r:,.0f} = {shown(o / r):.3f}" for o, r in pairs)
+        median = statistics.median(o / r for o, r in pairs)
+        out.append(f"  {line.store} {line.measure}: {rounds_text}; median {shown(median):.3f}")
     out += [f"note: {n}" for n in notes]
     return "\n".join(out)
 
