@@ -177,10 +177,10 @@ _V3_SEARCH_PG = [
 
 # Version 4: the journal is keyed by (effect_id, seq) instead of seq alone. Lines are read
 # by effect, in order (store.journal, the detail page, first_actors, has_journal_line) and
-# people's lines by seq (the audit log, on openonce_journal_operators); nothing looks a line
-# up by seq alone, so the separate (effect_id, seq) index was a second btree on every line
-# of the hot path. Postgres only: on SQLite seq is the rowid, which costs no index. Adding
-# the key builds its index under a table lock, in one pass over the journal.
+# people's lines by seq (the audit log, on openonce_journal_operators). Nothing looks a
+# line up by seq alone, so the old key on seq was a second btree on every line of the hot
+# path that no query needed. Postgres only: on SQLite seq is the rowid, which costs no
+# index. Adding the key builds its index under a table lock, in one pass over the journal.
 _V4_JOURNAL_KEY_PG = [
     "ALTER TABLE openonce_journal DROP CONSTRAINT openonce_journal_pkey",
     "ALTER TABLE openonce_journal ADD CONSTRAINT openonce_journal_pkey"

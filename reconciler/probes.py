@@ -200,11 +200,14 @@ def _update_prober_status(samples: list[Sample]) -> None:
             row.save()
         else:
             # The provider answered a probe: whatever refused us before is fixed.
-            updated = ProberStatus.objects.filter(provider=provider).update(
-                failing=False, last_success_at=now
-            )
-            if not updated:
-                ProberStatus.objects.create(provider=provider, last_success_at=now)
+            rows = ProberStatus.objects.filter(provider=provider)
+            if rows.update(failing=False, last_success_at=now):
+                continue
+            try:
+                with transaction.atomic():
+                    ProberStatus.objects.create(provider=provider, last_success_at=now)
+            except IntegrityError:  # another worker's first probe created it meanwhile
+                rows.update(failing=False, last_success_at=now)
 
 
 def record_prober_failures(failures: Mapping[str, str]) -> None:

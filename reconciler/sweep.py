@@ -118,7 +118,7 @@ def run_batch(
                 chunk, todo = todo[:fits], todo[fits:]
             report.merge(reconciler.reconcile_ids(chunk, dispatched_by=owner, claimer=claimer))
     finally:
-        probes.flush()
+        _flush_probe_samples(sweep_id)
     if todo:
         log.warning(
             "batch stopped before its deadline with %d of %d effects left; requeued",
@@ -138,6 +138,19 @@ def run_batch(
     if sweep_id is not None:
         record_report(sweep_id, report)
     return report
+
+
+def _flush_probe_samples(sweep_id: int | None) -> None:
+    """Write the probe tallies. They are telemetry: a failed write keeps its samples for
+    the next batch and must not stop this one from reporting what it resolved (a batch
+    that raised here would be retried, find nothing left to do, and report nothing)."""
+    try:
+        probes.flush()
+    except Exception as exc:
+        log.warning(
+            "could not write probe tallies (kept for the next batch): %r", exc,
+            extra={"sweep_id": sweep_id},
+        )  # fmt: skip
 
 
 def record_report(sweep_id: int, report: ReconcileReport) -> None:

@@ -530,3 +530,64 @@ def test_a_quarantined_delivery_still_reports_to_its_sweep(ledger, monkeypatch) 
     single.refresh_from_db()
     assert (single.batches, single.batches_done) == (1, 1) and single.finished_at is not None
     assert queued == [["eff_a"], ["eff_b"]]  # a single effect is held, not requeued
+
+
+# -- telemetry never costs a batch its report ------------------------------------------------
+
+
+def test_two_workers_first_probes_of_a_provider_both_report_to_their_sweep(ledger) -> None:
+    """Two workers probing a provider for the first time both find no ProberStatus row and
+    both create it. The loser's create fails; that must not fail its batch (a retried batch
+    finds its effects resolved and reports none of them), so its sweep still counts them."""
+    from django.db.models.signals import pre_save
+
+    from reconciler.models import ProberStatus
+    from reconciler.sweep import sweep
+
+    def other_worker_creates_it_first(sender: Any, instance: ProberStatus, **_: Any) -> None:
+        if instance._state.adding:
+            with psycopg.connect(ledger, autocommit=True) as conn:
+                conn.execute(
+                    "INSERT INTO reconciler_proberstatus (provider, failing, reason, tools)"
+                    " VALUES (%s, false, '', '[]') ON CONFLICT DO NOTHING",
+                    (instance.provider,),
+                )
+
+    ids = list(make_unknown(ledger, ["paid-a", "paid-b"]).values())
+    pre_save.connect(other_worker_creates_it_first, sender=ProberStatus)
+    try:
+        record = sweep("once")
+    finally:
+        pre_save.disconnect(other_worker_creates_it_first, sender=ProberStatus)
+    assert set(states(ledger, ids).values()) == {"committed"}
+    assert record.committed == 2
+    assert record.batches_done == record.batches and record.finished_at is not None
+    [status] = ProberStatus.objects.all()
+    assert status.last_success_at is not None and not status.failing
+
+
+def test_a_batch_whose_tally_write_fails_still_reports_and_keeps_the_samples(
+    ledger, monkeypatch, caplog
+) -> None:
+    from django.db import OperationalError
+
+    from reconciler import probes
+    from reconciler.models import ProbeTally
+    from reconciler.sweep import sweep
+
+    real_write = probes._write
+
+    def ledger_went_away(samples: Any) -> None:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    ids = list(make_unknown(ledger, ["paid-a", "paid-b"]).values())
+    monkeypatch.setattr(probes, "_write", ledger_went_away)
+    with caplog.at_level(logging.WARNING, logger="openonce.reconciler"):
+        record = sweep("once")
+    assert set(states(ledger, ids).values()) == {"committed"}
+    assert record.committed == 2 and record.finished_at is not None
+    assert "could not write probe tallies (kept for the next batch)" in caplog.text
+    assert not ProbeTally.objects.exists()
+    monkeypatch.setattr(probes, "_write", real_write)
+    assert probes.flush() == 2  # the next batch's flush writes them
+    assert sum(t.count for t in ProbeTally.objects.all()) == 2
