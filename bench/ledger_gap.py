@@ -178,6 +178,28 @@ def report(store: str, us: dict[str, float]) -> None:
         print(f"  {side:<17} {us[side]:5.0f}  {raw / us[side]:.3f}{added}")
 
 
+def run_gap(
+    store: str,
+    oo: OpenOnce,
+    capture: Callable[[OpenOnce, Callable[[int], Any], int], Statements],
+    execute: Callable[[str, list[Any]], Any],
+    raw_side: Callable[[Sequence[int]], Any],
+    rounds: int,
+) -> None:
+    handler = Handler()
+    send = make_effect(oo, handler)
+    keys = Keys()
+    first = keys.take(1)[0]
+    statements = capture(oo, send, first)
+    sides = {
+        "raw": raw_side,
+        "statements": replayer(execute, statements, first),
+        "ours": lambda ks: [send(k) for k in ks],
+        "claim line later": replayer(execute, claim_line_later(store, statements), first),
+    }
+    report(store, measure(sides, keys, rounds))
+
+
 def gap_sqlite(rounds: int) -> None:
     workdir = tempfile.mkdtemp(prefix="openonce-gap-")
     path = os.path.join(workdir, "ledger.db")
@@ -190,20 +212,10 @@ def gap_sqlite(rounds: int) -> None:
             conn.execute("PRAGMA synchronous=FULL")
         for stmt in raw_table_ddl("sqlite"):
             raw.execute(stmt)
-        handler = Handler()
-        send = make_effect(oo, handler)
-        keys = Keys()
-        first = keys.take(1)[0]
-        statements = capture_sqlite(oo, send, first)
-        sides = {
-            "raw": lambda ks: raw_new(raw, _RAW_INSERT, _RAW_UPDATE, ks),
-            "statements": replayer(bare.execute, statements, first),
-            "ours": lambda ks: [send(k) for k in ks],
-            "claim line later": replayer(
-                bare.execute, claim_line_later("sqlite", statements), first
-            ),
-        }
-        report("sqlite", measure(sides, keys, rounds))
+        run_gap(
+            "sqlite", oo, capture_sqlite, bare.execute,
+            lambda ks: raw_new(raw, _RAW_INSERT, _RAW_UPDATE, ks), rounds,
+        )  # fmt: skip
     finally:
         oo.close()
         raw.close()
@@ -221,25 +233,12 @@ def gap_postgres(base_dsn: str, rounds: int) -> None:
         try:
             for stmt in raw_table_ddl("postgres"):
                 raw.execute(stmt)
-            handler = Handler()
-            send = make_effect(oo, handler)
-            keys = Keys()
-            first = keys.take(1)[0]
-            statements = capture_postgres(oo, send, first)
             cursor = bare.cursor()
-
-            def execute(stmt: str, params: list[Any]) -> Any:
-                return cursor.execute(stmt, params).fetchone()
-
-            sides = {
-                "raw": lambda ks: raw_new(raw, _pg(_RAW_INSERT), _pg(_RAW_UPDATE), ks),
-                "statements": replayer(execute, statements, first),
-                "ours": lambda ks: [send(k) for k in ks],
-                "claim line later": replayer(
-                    execute, claim_line_later("postgres", statements), first
-                ),
-            }
-            report("postgres", measure(sides, keys, rounds))
+            run_gap(
+                "postgres", oo, capture_postgres,
+                lambda stmt, params: cursor.execute(stmt, params).fetchone(),
+                lambda ks: raw_new(raw, _pg(_RAW_INSERT), _pg(_RAW_UPDATE), ks), rounds,
+            )  # fmt: skip
         finally:
             oo.close()
             raw.close()

@@ -512,16 +512,19 @@ def _drain_backlog(daemon: Daemon, n: int, sleep: str, concurrency: int) -> dict
         health = manage(daemon.env, "reconciler_health", "--json")
         verdicts.append(health.returncode == 0)
     drained = time.monotonic() - started
-    probes = len(read_probe_log(daemon.probe_log))
+    probe_log = read_probe_log(daemon.probe_log)
+    probes = len(probe_log)
     serial = n * float(sleep)
     log(
         f"backlog of {n} x {sleep}s probes, concurrency {concurrency}: drained in"
         f" {drained:.1f}s (serial {serial:.1f}s), {probes} probes"
-        f" ({probes / n:.2f} per effect), longest gap between sweeps {worst_gap:.1f}s"
+        f" ({probes / n:.2f} per effect) by {len({pid for _, pid in probe_log})} processes,"
+        f" longest gap between sweeps {worst_gap:.1f}s"
     )
     return {
         "drained": drained,
         "probes": probes,
+        "processes": len({pid for _, pid in probe_log}),
         "serial": serial,
         "gap": worst_gap,
         "health_checks": len(verdicts),
@@ -534,7 +537,10 @@ def test_more_worker_processes_share_a_backlog_instead_of_repeating_probes(
 ) -> None:
     stats = _drain_backlog(daemon, 40, "0.2", concurrency=4)
     assert stats["probes"] <= 1.25 * 40  # each effect probed about once
-    assert stats["drained"] < 0.6 * stats["serial"]  # four processes beat one
+    # The backlog is shared out (8 batches of 5 for 4 pool processes, one reserved at a
+    # time each), not probed by one process while the others wait. Counted, not timed:
+    # how much faster that drains depends on how busy the machine is (it is logged).
+    assert stats["processes"] >= 3
 
 
 def test_health_stays_green_while_workers_drain_a_backlog(daemon: Daemon) -> None:
