@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from openonce_core.errors import ProbeCredentialError, ProbeError, ProbeTransientError
@@ -170,14 +170,26 @@ def _write(samples: list[Sample]) -> None:
 
 def _add(tool: str, outcome: str, status: str, counts: dict[str, Any]) -> None:
     increments = {name: F(name) + value for name, value in counts.items()}
-    rows = ProbeTally.objects.filter(tool=tool, outcome=outcome, status=status)
-    if rows.update(**increments):
+    _update_or_create(
+        ProbeTally.objects.filter(tool=tool, outcome=outcome, status=status),
+        increments,
+        lambda: ProbeTally.objects.create(tool=tool, outcome=outcome, status=status, **counts),
+    )
+
+
+def _update_or_create(
+    rows: QuerySet[Any], changes: dict[str, Any], create: Callable[[], object]
+) -> None:
+    """Update the row, or create it; when two workers create it at once, the one that
+    loses updates the row the other made (Django's update_or_create takes a row lock
+    first and cannot add to a counter)."""
+    if rows.update(**changes):
         return
     try:
         with transaction.atomic():
-            ProbeTally.objects.create(tool=tool, outcome=outcome, status=status, **counts)
-    except IntegrityError:  # another worker created the row first: add to it
-        rows.update(**increments)
+            create()
+    except IntegrityError:
+        rows.update(**changes)
 
 
 def _update_prober_status(samples: list[Sample]) -> None:
@@ -200,14 +212,11 @@ def _update_prober_status(samples: list[Sample]) -> None:
             row.save()
         else:
             # The provider answered a probe: whatever refused us before is fixed.
-            rows = ProberStatus.objects.filter(provider=provider)
-            if rows.update(failing=False, last_success_at=now):
-                continue
-            try:
-                with transaction.atomic():
-                    ProberStatus.objects.create(provider=provider, last_success_at=now)
-            except IntegrityError:  # another worker's first probe created it meanwhile
-                rows.update(failing=False, last_success_at=now)
+            _update_or_create(
+                ProberStatus.objects.filter(provider=provider),
+                {"failing": False, "last_success_at": now},
+                lambda p=provider: ProberStatus.objects.create(provider=p, last_success_at=now),
+            )
 
 
 def record_prober_failures(failures: Mapping[str, str]) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.db.models import F
 from django.utils import timezone
 
@@ -146,7 +147,7 @@ def _flush_probe_samples(sweep_id: int | None) -> None:
     that raised here would be retried, find nothing left to do, and report nothing)."""
     try:
         probes.flush()
-    except Exception as exc:
+    except DatabaseError as exc:
         log.warning(
             "could not write probe tallies (kept for the next batch): %r", exc,
             extra={"sweep_id": sweep_id},

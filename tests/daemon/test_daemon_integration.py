@@ -357,11 +357,12 @@ def test_two_beats_two_workers_resolve_every_effect_once(daemon: Daemon) -> None
     assert {j["actor"] for j in journal if j["from_state"] == "unknown"} == {ACTOR}
     by_kind = Counter(o.split("-", 1)[0] for o in orders)
 
-    sweeps = [s for s in daemon.ledger.sweeps() if s["source"] == "beat"]
+    every_sweep = daemon.ledger.sweeps()
+    sweeps = [s for s in every_sweep if s["source"] == "beat"]
     sent = [len(re.findall(r"Sending due task openonce-sweep", b.output())) for b in beats]
     odd_sweeps = [
         {k: s[k] for k in ("id", "source", "due", "batches", "batches_done", "committed")}
-        for s in daemon.ledger.sweeps()
+        for s in every_sweep
         if s["source"] != "beat" or s["batches_done"] != s["batches"]
     ]
     assert sum(s["committed"] for s in sweeps) == by_kind["paid"], odd_sweeps
@@ -514,17 +515,18 @@ def _drain_backlog(daemon: Daemon, n: int, sleep: str, concurrency: int) -> dict
     drained = time.monotonic() - started
     probe_log = read_probe_log(daemon.probe_log)
     probes = len(probe_log)
+    processes = len({pid for _, pid in probe_log})
     serial = n * float(sleep)
     log(
         f"backlog of {n} x {sleep}s probes, concurrency {concurrency}: drained in"
         f" {drained:.1f}s (serial {serial:.1f}s), {probes} probes"
-        f" ({probes / n:.2f} per effect) by {len({pid for _, pid in probe_log})} processes,"
+        f" ({probes / n:.2f} per effect) by {processes} processes,"
         f" longest gap between sweeps {worst_gap:.1f}s"
     )
     return {
         "drained": drained,
         "probes": probes,
-        "processes": len({pid for _, pid in probe_log}),
+        "processes": processes,
         "serial": serial,
         "gap": worst_gap,
         "health_checks": len(verdicts),
