@@ -4,8 +4,9 @@ and what an ``@oo.effect`` records for it.
 A fake provider here is a thread with a listening socket that misbehaves on cue: it reads
 the whole request and then never answers, drops the connection, or answers with a status
 and a body in the provider's own error shape. A refused connection is a port bound by the
-test and never listened on. Client timeouts are real socket timeouts of a fraction of a
-second; nothing sleeps.
+test and never listened on. Against a provider that never answers, the client's timeout is
+a real socket timeout of a fraction of a second; where it answers, the timeout is long, so
+a loaded machine cannot turn the answer into a timeout. Nothing sleeps.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ FAILED = FailureClass.FAILED
 RETRYABLE = FailureClass.RETRYABLE
 UNKNOWN = FailureClass.UNKNOWN
 
-TIMEOUT = 0.4  # the client's read timeout against a provider that never answers
+HANG_TIMEOUT = 0.4  # the client's read timeout against a provider that never answers
+ANSWERED = 10.0  # the client's timeout where the provider answers
 READ_PHASE = "read timeout or lost reply, the request may have been processed"
 CONNECT_PHASE = "connect-phase error, nothing reached the provider"
 
@@ -227,13 +229,13 @@ INTENT = Answer(200, {"id": "pi_123", "object": "payment_intent", "status": "suc
 
 @pytest.fixture
 def stripe_at(monkeypatch) -> Callable[[str], None]:
-    """Point the stripe module's global client at a URL: no SDK retries, a short timeout."""
+    """Point the stripe module's global client at a URL, with no SDK retries."""
 
-    def point(url: str) -> None:
+    def point(url: str, timeout: float = ANSWERED) -> None:
         monkeypatch.setattr(stripe, "api_key", "sk_test_classify")
         monkeypatch.setattr(stripe, "api_base", url)
         monkeypatch.setattr(stripe, "max_network_retries", 0)
-        monkeypatch.setattr(stripe, "default_http_client", stripe.RequestsClient(timeout=TIMEOUT))
+        monkeypatch.setattr(stripe, "default_http_client", stripe.RequestsClient(timeout=timeout))
 
     return point
 
@@ -244,46 +246,46 @@ def charge(idempotency_key: str = "order-7") -> Any:
     )
 
 
-def openai_chat(url: str, max_retries: int = 0) -> Any:
+def openai_chat(url: str, max_retries: int = 0, timeout: float = ANSWERED) -> Any:
     client = openai.OpenAI(
-        api_key="sk-test", base_url=url + "/v1", timeout=TIMEOUT, max_retries=max_retries
+        api_key="sk-test", base_url=url + "/v1", timeout=timeout, max_retries=max_retries
     )
     return client.chat.completions.create(
         model="gpt-test", messages=[{"role": "user", "content": "refund order 7"}]
     )
 
 
-def anthropic_message(url: str) -> Any:
-    client = anthropic.Anthropic(api_key="sk-test", base_url=url, timeout=TIMEOUT, max_retries=0)
+def anthropic_message(url: str, timeout: float = ANSWERED) -> Any:
+    client = anthropic.Anthropic(api_key="sk-test", base_url=url, timeout=timeout, max_retries=0)
     return client.messages.create(
         model="claude-test", max_tokens=16, messages=[{"role": "user", "content": "refund"}]
     )
 
 
-def httpx_post(url: str) -> Any:
-    return httpx.post(url + "/charge", content=b"{}", timeout=TIMEOUT).raise_for_status()
+def httpx_post(url: str, timeout: float = ANSWERED) -> Any:
+    return httpx.post(url + "/charge", content=b"{}", timeout=timeout).raise_for_status()
 
 
-def requests_post(url: str) -> Any:
-    return requests.post(url + "/charge", data=b"{}", timeout=TIMEOUT).raise_for_status()
+def requests_post(url: str, timeout: float = ANSWERED) -> Any:
+    return requests.post(url + "/charge", data=b"{}", timeout=timeout).raise_for_status()
 
 
-def urllib3_post(url: str) -> Any:
-    with urllib3.PoolManager(retries=False, timeout=TIMEOUT) as pool:
+def urllib3_post(url: str, timeout: float = ANSWERED) -> Any:
+    with urllib3.PoolManager(retries=False, timeout=timeout) as pool:
         return pool.request("POST", url + "/charge", body=b"{}")
 
 
-def urllib_post(url: str) -> Any:
+def urllib_post(url: str, timeout: float = ANSWERED) -> Any:
     request = urllib.request.Request(url + "/charge", data=b"{}", method="POST")
-    with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+    with urllib.request.urlopen(request, timeout=timeout) as response:
         return response.read()
 
 
-def aiohttp_post(url: str) -> Any:
+def aiohttp_post(url: str, timeout: float = ANSWERED) -> Any:
     async def post() -> bytes:
-        timeout = aiohttp.ClientTimeout(sock_connect=TIMEOUT, sock_read=TIMEOUT)
+        limits = aiohttp.ClientTimeout(sock_connect=timeout, sock_read=timeout)
         async with (
-            aiohttp.ClientSession(timeout=timeout) as session,
+            aiohttp.ClientSession(timeout=limits) as session,
             session.post(url + "/charge", data=b"{}", raise_for_status=True) as response,
         ):
             return await response.read()
@@ -291,11 +293,11 @@ def aiohttp_post(url: str) -> Any:
     return asyncio.run(post())
 
 
-def dynamodb_put(url: str, attempts: int = 1) -> Any:
+def dynamodb_put(url: str, attempts: int = 1, timeout: float = ANSWERED) -> Any:
     config = botocore.config.Config(
         retries={"total_max_attempts": attempts, "mode": "standard"},
-        connect_timeout=TIMEOUT,
-        read_timeout=TIMEOUT,
+        connect_timeout=timeout,
+        read_timeout=timeout,
     )
     client = botocore.session.get_session().create_client(
         "dynamodb",
@@ -333,7 +335,7 @@ SDKS: dict[str, Callable[[str], Any]] = {
 
 def test_stripe_against_a_server_that_never_answers_is_unknown(provider, stripe_at):
     fake = provider(HANG)
-    stripe_at(fake.url)
+    stripe_at(fake.url, timeout=HANG_TIMEOUT)
     exc = caught(charge)
     assert type(exc) is stripe.APIConnectionError
     assert explain(exc) == (
@@ -348,7 +350,7 @@ def test_stripe_against_a_server_that_never_answers_is_unknown(provider, stripe_
 @pytest.mark.parametrize("sdk", list(SDKS))
 def test_a_server_that_never_answers_is_unknown(provider, sdk):
     fake = provider(HANG)
-    exc = caught(lambda: SDKS[sdk](fake.url))
+    exc = caught(lambda: SDKS[sdk](fake.url, timeout=HANG_TIMEOUT))
     verdict, why = explain(exc)
     assert verdict is UNKNOWN, why
     assert why.endswith(READ_PHASE)
@@ -622,14 +624,14 @@ def test_grpc_status_codes(grpc_target, code, expected):
 
 
 def test_a_grpc_deadline_against_a_server_that_never_answers_is_unknown(grpc_target):
-    exc = caught(lambda: place(grpc_target, b"HANG", timeout=TIMEOUT))
+    exc = caught(lambda: place(grpc_target, b"HANG", timeout=HANG_TIMEOUT))
     assert exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED  # type: ignore[attr-defined]
     assert explain(exc) == (
         UNKNOWN,
         "grpc._InactiveRpcError: gRPC DEADLINE_EXCEEDED, the call may have executed",
     )
     wrapped = caught(
-        lambda: grpc_helpers.wrap_errors(lambda p: place(grpc_target, p, TIMEOUT))(b"HANG")
+        lambda: grpc_helpers.wrap_errors(lambda p: place(grpc_target, p, HANG_TIMEOUT))(b"HANG")
     )
     assert type(wrapped) is google_exceptions.DeadlineExceeded
     assert explain(wrapped)[0] is UNKNOWN
@@ -690,7 +692,7 @@ def assert_parked_unknown(oo: OpenOnce, exc: OutcomeUnknownError) -> None:
 
 def test_a_stripe_charge_that_times_out_is_parked_unknown(oo, provider, stripe_at):
     fake = provider(HANG)
-    stripe_at(fake.url)
+    stripe_at(fake.url, timeout=HANG_TIMEOUT)
     calls: list[str] = []
     charge_order = stripe_charge_effect(oo, calls)
     with pytest.raises(OutcomeUnknownError) as parked:
@@ -714,7 +716,7 @@ def test_an_llm_call_that_times_out_is_parked_unknown(oo, provider, sdk):
     @oo.effect(tool=f"{sdk}.send", idempotency_key=lambda ticket: ticket)
     def answer_ticket(ticket: str) -> str:
         calls.append(ticket)
-        SDKS[sdk](fake.url)
+        SDKS[sdk](fake.url, timeout=HANG_TIMEOUT)
         return "sent"
 
     with pytest.raises(OutcomeUnknownError) as parked:
