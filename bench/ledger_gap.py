@@ -11,9 +11,10 @@ For SQLite and Postgres, three sides run interleaved in chunks, in one run:
 * ``ours``: the full call through ``@oo.effect``. What it adds to ``statements`` is the
   client's share: key derivation, checks, building rows, the state table, the lease hold.
 
-And one what-if, which OpenOnce does not do: ``claim line later``, the same statements with
-the claim's journal line moved from the claim's commit into the finish's (the claim commit
-then writes the effect row alone, like raw's INSERT). It shows what that change of the
+And two what-ifs, which OpenOnce does not do: ``claim line later``, the same statements
+with the claim's journal line moved from the claim's commit into the finish's (the claim
+commit then writes the effect row alone, like raw's INSERT); and ``no journal lines``, the
+same statements without their journal lines at all. They show what those changes of the
 journal's guarantees would buy, nothing more.
 
 Usage::
@@ -123,6 +124,28 @@ def claim_line_later(dialect: str, statements: Statements) -> Statements:
     return [(insert, ip), (update, up)]
 
 
+def no_journal(dialect: str, statements: Statements) -> Statements:
+    """The other what-if: the same statements without their journal lines, so the effect
+    row alone is written, as raw writes it (the rest of the difference to raw is the
+    statements' shape and the transaction statements)."""
+    if dialect == "sqlite":
+        return [(s, p) for s, p in statements if not s.startswith("INSERT INTO openonce_journal")]
+    bare = []
+    for stmt, params in statements:
+        found = _PG_JOURNAL_CTE.search(stmt)
+        if found is None:
+            raise SystemExit("the store's statements changed shape: update no_journal")
+        before = stmt[: found.start()].count("%s")
+        inside = found.group().count("%s")
+        bare.append(
+            (
+                stmt[: found.start()] + stmt[found.end() :],
+                params[:before] + params[before + inside :],
+            )
+        )
+    return bare
+
+
 def replayer(
     execute: Callable[[str, list[Any]], Any], statements: Statements, n: int
 ) -> Callable[[Sequence[int]], None]:
@@ -166,6 +189,7 @@ SHARES = (
     ("statements", "raw", "database + driver"),
     ("ours", "statements", "client"),
     ("claim line later", "raw", "what-if: database + driver"),
+    ("no journal lines", "raw", "what-if: database + driver"),
 )
 
 
@@ -196,6 +220,7 @@ def run_gap(
         "statements": replayer(execute, statements, first),
         "ours": lambda ks: [send(k) for k in ks],
         "claim line later": replayer(execute, claim_line_later(store, statements), first),
+        "no journal lines": replayer(execute, no_journal(store, statements), first),
     }
     report(store, measure(sides, keys, rounds))
 
