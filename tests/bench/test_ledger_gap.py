@@ -14,7 +14,9 @@ import pytest
 
 from openonce_core import OpenOnce, open_store
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+# Appended, not prepended: bench/ holds console.py and daemon.py, which must never shadow
+# the project's packages for the rest of the session.
+sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
 import ledger_gap
 from ledger import Handler, make_effect
