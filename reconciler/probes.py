@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -203,13 +204,7 @@ def _update_prober_status(samples: list[Sample]) -> None:
             tools.setdefault(s.provider, set()).add(s.tool)
     for provider, sample in last.items():
         if sample.outcome == "credential":
-            row, _ = ProberStatus.objects.get_or_create(provider=provider)
-            if not row.failing:
-                row.failing, row.since = True, now
-            row.reason = sample.detail[:1000]
-            row.tools = sorted(set(row.tools) | tools.get(provider, set()))
-            row.last_failure_at = now
-            row.save()
+            _mark_failing(provider, sample.detail, now, tools.get(provider, set()))
         else:
             # The provider answered a probe: whatever refused us before is fixed.
             _update_or_create(
@@ -223,12 +218,19 @@ def record_prober_failures(failures: Mapping[str, str]) -> None:
     """The core's own verdict (``ReconcileReport.prober_failures``), where it has one."""
     now = timezone.now()
     for provider, reason in failures.items():
-        row, _ = ProberStatus.objects.get_or_create(provider=provider)
-        if not row.failing:
-            row.failing, row.since = True, now
-        row.reason = str(reason)[:1000]
-        row.last_failure_at = now
-        row.save()
+        _mark_failing(provider, str(reason), now)
+
+
+def _mark_failing(provider: str, reason: str, now: datetime, tools: set[str] | None = None) -> None:
+    """The provider refuses our prober (a revoked key): health turns red naming it."""
+    row, _ = ProberStatus.objects.get_or_create(provider=provider)
+    if not row.failing:
+        row.failing, row.since = True, now
+    row.reason = reason[:1000]
+    if tools:
+        row.tools = sorted(set(row.tools) | tools)
+    row.last_failure_at = now
+    row.save()
 
 
 def flush_discard() -> None:
