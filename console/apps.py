@@ -1,3 +1,4 @@
+import os
 from typing import Any
 
 from django.apps import AppConfig
@@ -13,6 +14,22 @@ class ConsoleConfig(AppConfig):
         from . import access  # noqa: F401
 
         post_migrate.connect(upgrade_ledger, sender=self)
+        os.register_at_fork(before=close_sqlite_before_fork)
+
+
+def close_sqlite_before_fork() -> None:
+    """No Django SQLite connection crosses a ``fork`` (gunicorn --preload, Celery prefork).
+
+    SQLite keeps its file locks per process, keyed by the file: a child that inherits an
+    open connection to the ledger file believes it holds locks it does not, and the parent
+    closing that connection later checkpoints and deletes the WAL under the child's writes.
+    The core's own store closes its connections before a fork (openonce_core/forksafe.py);
+    Django's connection to the same file must go too. Django reopens it on next use."""
+    from django.db import connections
+
+    for connection in connections.all(initialized_only=True):
+        if connection.vendor == "sqlite" and not connection.in_atomic_block:
+            connection.close()  # Django ignores this for an in-memory test database
 
 
 def upgrade_ledger(using: str = "default", **_: Any) -> None:

@@ -6,19 +6,39 @@ that vanishes on power loss would let the same call run twice after a reboot.
 Writers take the write lock up front (``BEGIN IMMEDIATE``) so two writers never deadlock
 upgrading a read lock; ``busy_timeout`` queues them instead. A transaction whose COMMIT
 fails is rolled back before the error is raised, so the connection stays usable.
+
+Two things SQLite cannot do, so the store refuses them or keeps them from happening:
+
+* **A connection across ``fork``.** SQLite keeps each database file's POSIX lock state in
+  process memory, shared by every connection of the process. A child that inherits it
+  believes it holds the locks its parent holds, so its own connections never take a real
+  lock; when the parent's last connection closes, the parent finds the file unlocked,
+  checkpoints and deletes the ``-wal`` and ``-shm`` files under the child, and the child's
+  commits vanish. So no connection of the store is open when the process forks: a thread
+  uses its connection only while it holds its own lock, and just before ``fork`` the store
+  takes every thread's lock (statements in flight finish first) and closes every
+  connection; parent and child reopen on their next use.
+* **One file under two names** (a hard link) **or on a network filesystem** (NFS, SMB, ...):
+  SQLite names its WAL and finds its locks by the name, and its shared memory does not
+  span hosts, so two writers would each see their own ledger and a key could run twice.
+  ``ConfigurationError`` says so before anything is written.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sqlite3
 import threading
+import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .. import forksafe, schema
 from ..clock import SYSTEM_CLOCK, Clock
+from ..errors import ConfigurationError
 from ..records import Approval, Effect, JournalEntry
 from . import sql
 from .base import WakeBoard, Watch
@@ -28,6 +48,117 @@ _INSERT_EFFECT = (
     f" VALUES ({sql.marks(len(sql.NEW_COLUMNS))})"
     " ON CONFLICT (tool, idempotency_key) WHERE state <> 'released' DO NOTHING"
 )
+
+
+# Filesystems whose files other hosts can open too (by the type /proc/self/mountinfo
+# shows). SQLite's locks are unreliable on them and its WAL shared memory never spans hosts.
+NETWORK_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "afs", "lustre",
+    "gpfs", "beegfs", "gfs2", "ocfs2", "orangefs", "pvfs2", "ncpfs", "coda", "davfs",
+})  # fmt: skip
+# FUSE filesystems show as "fuse.<name>"; these reach other hosts.
+NETWORK_FUSE = frozenset({
+    "sshfs", "glusterfs", "ceph", "ceph-fuse", "cephfs", "s3fs", "rclone", "gcsfuse",
+    "davfs", "davfs2", "juicefs", "mfs", "moosefs", "lizardfs", "goofys", "beegfs",
+})  # fmt: skip
+
+
+def _mountinfo_field(text: str) -> str:
+    # The kernel escapes space, tab, newline and backslash in paths as octal (\040).
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def filesystem_of(path: str, mountinfo: str) -> tuple[str, str] | None:
+    """``(mount point, filesystem type)`` of the mount holding ``path`` (absolute, symlinks
+    resolved), read from the text of ``/proc/self/mountinfo``; None if no line parses."""
+    found: tuple[str, str] | None = None
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        try:
+            mount_point = _mountinfo_field(fields[4])
+            fstype = fields[fields.index("-", 6) + 1]
+        except (IndexError, ValueError):
+            continue
+        inside = (
+            mount_point == "/"
+            or path == mount_point
+            or path.startswith(mount_point.rstrip("/") + "/")
+        )
+        # The longest mount point wins; at a tie the later line (mounted on top) wins.
+        if inside and (found is None or len(mount_point) >= len(found[0])):
+            found = (mount_point, fstype)
+    return found
+
+
+def is_network_filesystem(fstype: str) -> bool:
+    if fstype.startswith("fuse."):
+        return fstype[len("fuse.") :] in NETWORK_FUSE
+    return fstype in NETWORK_FILESYSTEMS
+
+
+def _read_mountinfo() -> str | None:
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None  # not Linux: nothing to read the filesystem type from
+
+
+def refuse_network_filesystem(path: str) -> None:
+    """Raise ConfigurationError if ``path`` lies on a filesystem other hosts share."""
+    mountinfo = _read_mountinfo()
+    if mountinfo is None:
+        return
+    found = filesystem_of(os.path.realpath(path), mountinfo)
+    if found is not None and is_network_filesystem(found[1]):
+        raise ConfigurationError(
+            f"refusing to open the SQLite ledger {path!r}: it lies on a {found[1]} network"
+            f" filesystem (mounted at {found[0]}), where SQLite's locks and its WAL shared"
+            " memory do not hold between hosts, so two writers could each run the same key."
+            " Put the ledger on a local disk, or use Postgres."
+        )
+
+
+def refuse_hard_links(path: str) -> None:
+    """Raise ConfigurationError if the file at ``path`` has other names (hard links)."""
+    try:
+        links = os.stat(path).st_nlink
+    except OSError:
+        return  # not there yet: SQLite creates it with one name
+    if links > 1:
+        raise ConfigurationError(
+            f"refusing to open the SQLite ledger {path!r}: the file has {links} hard links."
+            " SQLite names its WAL and finds its locks by the file's name, so a writer"
+            " through another name would see a ledger of its own and could run a key again."
+            " Keep one name (remove the other links; a symlink is fine), or use Postgres."
+        )
+
+
+class _Slot:
+    """One thread's share of the store: its connection (None before its first use, and
+    again after a close or a fork), and the lock the thread holds while it uses it. Only the
+    thread's own slot of ``SQLiteStore._local`` refers to it, so it goes when the thread
+    ends, and a weak reference to it tells whether the connection is still in use."""
+
+    __slots__ = ("__weakref__", "conn", "lock")
+
+    def __init__(self) -> None:
+        self.conn: sqlite3.Connection | None = None
+        self.lock = threading.RLock()  # reentrant: a use inside a use on the same thread
+
+
+class _Local(threading.local):
+    slot: _Slot
+
+    # This thread's connection, for code that swaps it for a stand-in (bench/ledger_gap.py
+    # records the statements of one call this way).
+    @property
+    def conn(self) -> Any:
+        return self.slot.conn
+
+    @conn.setter
+    def conn(self, conn: Any) -> None:
+        self.slot.conn = conn
 
 
 class SQLiteStore(sql.SQLStore):
@@ -53,24 +184,135 @@ class SQLiteStore(sql.SQLStore):
         self.poll_interval = poll_interval
         self.clock = clock or SYSTEM_CLOCK
         self._update_sql: dict[tuple[Any, ...], str] = {}
+        if path != ":memory:":
+            refuse_network_filesystem(path)
+            refuse_hard_links(path)
         self._reset_process_state()
         forksafe.register(self)
 
     def _reset_process_state(self) -> None:
         self.board = WakeBoard()
-        self._local = threading.local()
-        self._conns: list[sqlite3.Connection] = []
-        self._conns_lock = threading.Lock()
+        self._local = _Local()  # each thread's _Slot
+        # _guard protects the registries below and _closer; no statement takes it.
+        self._guard = threading.Lock()
+        self._gate = threading.Condition(self._guard)  # waits for _closer to finish
+        self._slots: weakref.WeakSet[_Slot] = weakref.WeakSet()  # the live threads' slots
+        # Every open connection, with a weak reference to the slot that uses it: dead
+        # once that thread ended, and the connection free for another.
+        self._conns: dict[sqlite3.Connection, weakref.ref[_Slot]] = {}
+        self._closer: int | None = None  # the thread closing every connection (fork, close)
+        self._held: list[_Slot] = []  # the slots it holds locked until _open_gate
         self._pid = os.getpid()
 
     def after_fork(self) -> None:
-        # A SQLite connection must not cross a fork: the child opens its own.
-        forksafe.abandon(self._conns)
+        # Normally nothing is open here (before_fork closed it all). A connection that
+        # crossed anyway (a fork from inside a statement) is never used nor closed.
+        forksafe.abandon(list(self._conns))
         self._reset_process_state()
 
+    def before_fork(self) -> None:
+        if self._close_all():
+            warnings.warn(
+                f"fork() from inside a statement on the SQLite ledger {self.path!r}: this"
+                " thread's connection stays open across the fork; the child must not use"
+                " the ledger",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def after_fork_in_parent(self) -> None:
+        self._open_gate()
+
     # -- connections ----------------------------------------------------------------------
+    #
+    # A thread uses its connection only while it holds its slot's lock (_enter, then
+    # slot.lock.release()), and no other thread takes that lock except _close_all. So a
+    # statement costs one uncontended lock, and _close_all, by taking every slot's lock,
+    # waits for the statements in flight, keeps every thread from starting another, and
+    # can close every connection with none in use.
+
+    def _enter(self) -> _Slot:
+        """This thread's slot, locked: use ``slot.conn`` (or _connect), then release."""
+        try:
+            slot = self._local.slot
+        except AttributeError:
+            slot = self._new_slot()
+        slot.lock.acquire()
+        return slot
+
+    def _new_slot(self) -> _Slot:
+        if self._pid != os.getpid():  # forked without os.register_at_fork (rare)
+            self.after_fork()
+        slot = _Slot()
+        with self._gate:
+            # Not while _close_all is at work: it holds the locks of the slots it found.
+            while self._closer is not None and self._closer != threading.get_ident():
+                self._gate.wait()
+            self._slots.add(slot)
+        self._local.slot = slot
+        return slot
+
+    def _connect(self, slot: _Slot) -> sqlite3.Connection:
+        """Give the locked ``slot`` a connection: one a thread that ended left, or a new one.
+        So short-lived threads do not leave a connection (and its descriptors) each."""
+        with self._guard:
+            free = [conn for conn, user in self._conns.items() if user() is None]
+            for conn in free:
+                del self._conns[conn]
+        reuse = next((conn for conn in free if not conn.in_transaction), None)
+        for conn in free:
+            if conn is not reuse:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+        conn = reuse if reuse is not None else self._open()
+        with self._guard:
+            self._conns[conn] = weakref.ref(slot)
+        slot.conn = conn
+        return conn
+
+    def _close_all(self) -> bool:
+        """Close every connection, none in use; the gate stays shut until _open_gate.
+
+        Returns True if this very thread is inside a statement (a fork from a signal
+        handler, say): its connection is kept open rather than waited for forever."""
+        me = threading.get_ident()
+        mine: _Slot | None = getattr(self._local, "slot", None)
+        with self._gate:
+            while self._closer is not None and self._closer != me:
+                self._gate.wait()  # another thread's fork or close is at work
+            self._closer = me
+            slots = list(self._slots)  # a slot made from now on waits in _new_slot
+        # RLock's own "held by this thread" (threading.Condition relies on it too).
+        kept = mine is not None and mine.lock._is_owned()  # type: ignore[attr-defined]
+        for slot in slots:
+            if slot is mine and kept:
+                continue
+            slot.lock.acquire()  # waits for that thread's statement to end
+            self._held.append(slot)
+        with self._guard:
+            open_conns, self._conns = self._conns, {}
+            for slot in self._held:
+                slot.conn = None
+            in_use = mine.conn if kept and mine is not None else None
+            if in_use is not None and in_use in open_conns:
+                self._conns[in_use] = open_conns.pop(in_use)
+        for conn in open_conns:  # those of threads that ended too
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+        return kept
+
+    def _open_gate(self) -> None:
+        with self._gate:
+            if self._closer != threading.get_ident():
+                return  # not closed by this thread
+            held, self._held = self._held, []
+            self._closer = None
+            self._gate.notify_all()
+        for slot in held:
+            slot.lock.release()
 
     def _open(self) -> sqlite3.Connection:
+        refuse_hard_links(self.path)  # also one made while the store was open
         conn = sqlite3.connect(
             self.path,
             timeout=self.busy_timeout,
@@ -82,42 +324,56 @@ class SQLiteStore(sql.SQLStore):
         return conn
 
     def _conn(self) -> sqlite3.Connection:
+        """This thread's connection, opened if need be."""
+        slot = self._enter()
         try:
-            return self._local.conn  # type: ignore[no-any-return]
-        except AttributeError:
-            pass
-        if self._pid != os.getpid():  # forked without os.register_at_fork (rare)
-            self.after_fork()
-        conn = self._local.conn = self._open()
-        with self._conns_lock:
-            self._conns.append(conn)
-        return conn
+            return slot.conn if slot.conn is not None else self._connect(slot)
+        finally:
+            slot.lock.release()
 
     @contextlib.contextmanager
     def _use(self) -> Iterator[sqlite3.Connection]:
         """This thread's connection, for a few statements of its own."""
-        yield self._conn()
+        slot = self._enter()
+        try:
+            yield slot.conn if slot.conn is not None else self._connect(slot)
+        finally:
+            slot.lock.release()
 
     def _one(self, query: str, params: Sequence[Any]) -> Any:
-        return self._conn().execute(query, params).fetchone()
+        slot = self._enter()
+        try:
+            conn = slot.conn if slot.conn is not None else self._connect(slot)
+            return conn.execute(query, params).fetchone()
+        finally:
+            slot.lock.release()
 
     def _all(self, query: str, params: Sequence[Any]) -> list[Any]:
-        return self._conn().execute(query, params).fetchall()
+        slot = self._enter()
+        try:
+            conn = slot.conn if slot.conn is not None else self._connect(slot)
+            return conn.execute(query, params).fetchall()
+        finally:
+            slot.lock.release()
 
     def _write(self, work: Callable[[sqlite3.Connection], bool]) -> bool:
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
+        slot = self._enter()
         try:
-            done = work(conn)
-            conn.execute("COMMIT" if done else "ROLLBACK")
-        except BaseException:
-            # Also when COMMIT itself failed: leave no transaction open behind us, or
-            # every later BEGIN on this connection would fail.
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            raise
-        return done
+            conn = slot.conn if slot.conn is not None else self._connect(slot)
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                done = work(conn)
+                conn.execute("COMMIT" if done else "ROLLBACK")
+            except BaseException:
+                # Also when COMMIT itself failed: leave no transaction open behind us, or
+                # every later BEGIN on this connection would fail.
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                raise
+            return done
+        finally:
+            slot.lock.release()
 
     # -- schema ---------------------------------------------------------------------------
 
@@ -130,8 +386,11 @@ class SQLiteStore(sql.SQLStore):
         return schema.SCHEMA_VERSION
 
     def schema_version(self) -> int:
-        exists = self._one("SELECT 1 FROM sqlite_master WHERE name = 'openonce_schema'", ())
-        return schema.current_version(self._conn().cursor()) if exists else 0
+        with self._use() as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = 'openonce_schema'"
+            ).fetchone()
+            return schema.current_version(conn.cursor()) if exists else 0
 
     # -- writes (called by openonce_core.ledger only) -----------------------------------------
 
@@ -222,11 +481,11 @@ class SQLiteStore(sql.SQLStore):
         return Watch(self.board, effect_id, self.clock, poll=self.poll_interval)
 
     def close(self) -> None:
-        with self._conns_lock:
-            for conn in self._conns:
-                conn.close()
-            self._conns.clear()
-        self._local = threading.local()
+        """Close every connection once no statement is in flight; a later use reopens."""
+        try:
+            self._close_all()
+        finally:
+            self._open_gate()
 
 
 class InMemoryStore(SQLiteStore):
@@ -239,49 +498,37 @@ class InMemoryStore(SQLiteStore):
     dialect = "memory"
 
     def __init__(self, *, clock: Clock | None = None) -> None:
-        self._lock = threading.RLock()
-        self._conn_shared: sqlite3.Connection | None = None
+        self._shared = _Slot()  # every thread's: one connection, one lock
+        self._fork_lock: Any = None
         super().__init__(":memory:", clock=clock)
         self.migrate()
-
-    def _reset_process_state(self) -> None:
-        super()._reset_process_state()
-        self._lock = threading.RLock()
 
     def after_fork(self) -> None:
         # The child keeps its copy of the parent's in-memory ledger (fork copies memory),
         # with a lock of its own.
-        self._lock = threading.RLock()
+        self._shared.lock = threading.RLock()
+        self._fork_lock = None
         self.board = WakeBoard()
 
-    def _open(self) -> sqlite3.Connection:
-        return sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    def before_fork(self) -> None:
+        # Its one connection is the ledger itself, so it stays open; but no statement is
+        # in flight at the fork, or the child's copy would be half-written (and SQLite's
+        # mutex held by a thread the child does not have).
+        self._shared.lock.acquire()
+        self._fork_lock = self._shared.lock
 
-    def _conn(self) -> sqlite3.Connection:
-        if self._conn_shared is None:
-            self._conn_shared = self._open()
-        return self._conn_shared
+    def after_fork_in_parent(self) -> None:
+        lock, self._fork_lock = self._fork_lock, None
+        if lock is not None:
+            lock.release()
 
-    @contextlib.contextmanager
-    def _use(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            yield self._conn()
+    def _enter(self) -> _Slot:
+        self._shared.lock.acquire()
+        return self._shared
 
-    def _one(self, query: str, params: Sequence[Any]) -> Any:
-        with self._lock:
-            return super()._one(query, params)
-
-    def _all(self, query: str, params: Sequence[Any]) -> list[Any]:
-        with self._lock:
-            return super()._all(query, params)
-
-    def _write(self, work: Callable[[sqlite3.Connection], bool]) -> bool:
-        with self._lock:
-            return super()._write(work)
-
-    def schema_version(self) -> int:
-        with self._lock:
-            return super().schema_version()
+    def _connect(self, slot: _Slot) -> sqlite3.Connection:
+        slot.conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        return slot.conn
 
     def watch(self, effect_id: str) -> Watch:
         return Watch(self.board, effect_id, self.clock)
