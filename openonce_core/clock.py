@@ -7,6 +7,12 @@ into the ledger comes from one place per ledger: the database's own clock on Pos
 (:class:`DatabaseClock`), this host's clock for the embedded SQLite and in-memory stores
 (:class:`SystemClock`), or a clock a test moves by hand (:class:`FakeClock`, also in
 ``openonce_core.testing``).
+
+Wall clocks step (NTP corrections, a VM resumed, an operator's ``date -s``, the database
+server's clock on Postgres). A step must not make a live lease look expired, so every
+clock also has a ``monotonic()`` time that never steps: the lease keeper renews on it, and
+whoever expires a lease first watches it go un-renewed for a while of its own monotonic
+time (``leases.lease_lapsed``).
 """
 
 from __future__ import annotations
@@ -20,6 +26,10 @@ from typing import Protocol
 class Clock(Protocol):
     def now(self) -> float:
         """Seconds since the epoch, on the ledger's time base."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never steps (only differences mean anything)."""
         ...
 
     def sleep(self, seconds: float) -> None:
@@ -37,6 +47,9 @@ class SystemClock:
     def now(self) -> float:
         return time.time()
 
+    def monotonic(self) -> float:
+        return time.monotonic()
+
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
             time.sleep(seconds)
@@ -51,6 +64,17 @@ class SystemClock:
 SYSTEM_CLOCK = SystemClock()
 
 
+def monotonic_of(clock: Clock) -> float:
+    """``clock.monotonic()``; this host's monotonic clock for a clock written before
+    clocks had one."""
+    read = getattr(clock, "monotonic", None)
+    return read() if read is not None else time.monotonic()
+
+
+class ClockUnavailableError(RuntimeError):
+    """The database's clock could not be read yet: no ledger time exists to write."""
+
+
 class DatabaseClock(SystemClock):
     """The database server's clock, read now and then and followed in between with this
     host's monotonic clock (so it costs no round trip per call, and a host whose wall clock
@@ -58,7 +82,10 @@ class DatabaseClock(SystemClock):
 
     ``read`` returns the database's current epoch time (``clock_timestamp()``). It is
     called again every ``resync_seconds`` to absorb drift; if it fails, the last anchor
-    keeps being followed."""
+    keeps being followed. Until the first reading succeeds there is no ledger time at all:
+    ``now()`` raises :class:`ClockUnavailableError` (and reads again on the next call)
+    rather than invent one from this host's clock, which may be minutes off — a lease
+    written on it could end in the database's past, and its call run twice."""
 
     def __init__(self, read: Callable[[], float], *, resync_seconds: float = 60.0) -> None:
         self._read = read
@@ -86,11 +113,15 @@ class DatabaseClock(SystemClock):
             before = time.monotonic()
             try:
                 db_time = self._read()
-            except Exception:
-                # Keep following the last reading (or, before the first one, this host's
-                # clock) and try the database again shortly.
+            except Exception as exc:
                 if anchor is None:
-                    anchor = self._anchor = (time.time(), time.monotonic())
+                    # Nothing to follow yet: fail this caller's write; the next call reads
+                    # again (the statement it wanted to run would fail just the same).
+                    raise ClockUnavailableError(
+                        f"cannot read the database's clock ({exc!r}); OpenOnce does not"
+                        " write ledger times from this host's clock"
+                    ) from exc
+                # Keep following the last reading, and try the database again shortly.
                 self._next_sync = time.monotonic() + min(5.0, self.resync_seconds)
                 return anchor
             after = time.monotonic()
@@ -112,23 +143,39 @@ class FakeClock:
 
     ``sleep`` advances the clock by the time slept (the sleeper's wait passes at once and
     everybody sees the new time). ``wait`` returns when the event is set, or when somebody
-    advanced the clock past its timeout."""
+    advanced the clock past its timeout.
+
+    Time passing (``advance``, ``sleep``) moves both the wall time (``now``) and the
+    monotonic time; a clock *step* (``step``, ``set``) moves only the wall time, as an NTP
+    correction or ``date -s`` does: no time passed, and waits do not end."""
 
     def __init__(self, start: float = 1_800_000_000.0) -> None:
         self._lock = threading.Lock()
         self._now = float(start)
+        self._mono = 0.0
 
     def now(self) -> float:
         return self._now
 
+    def monotonic(self) -> float:
+        return self._mono
+
     def advance(self, seconds: float) -> float:
         if seconds < 0:
-            raise ValueError("a clock does not run backwards; use set() to jump")
+            raise ValueError("a clock does not run backwards; use step() or set() to jump")
+        with self._lock:
+            self._now += seconds
+            self._mono += seconds
+            return self._now
+
+    def step(self, seconds: float) -> float:
+        """Step the wall time by ``seconds`` (either way) while no time passes."""
         with self._lock:
             self._now += seconds
             return self._now
 
     def set(self, at: float) -> None:
+        """Step the wall time to ``at`` (no time passes)."""
         with self._lock:
             self._now = float(at)
 
@@ -137,11 +184,11 @@ class FakeClock:
             self.advance(seconds)
 
     def wait(self, event: threading.Event, timeout: float) -> bool:
-        deadline = self._now + max(0.0, timeout)
+        deadline = self._mono + max(0.0, timeout)
         # The event is set by another thread (a commit, a stop request); the deadline moves
         # only when the test advances the clock. Check both often, in real time.
         while not event.is_set():
-            if self._now >= deadline:
+            if self._mono >= deadline:
                 return False
             event.wait(0.002)
         return True

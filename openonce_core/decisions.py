@@ -24,7 +24,7 @@ from .errors import (
     ProviderContractError,
     ReceiptIdentityError,
 )
-from .leases import HOST, dead_owner
+from .leases import HOST, dead_owner, lease_lapsed, note_stopped
 from .ledger import Ledger, Then
 from .providers import Capability, CapabilityMatrix, receipt_identity_problems
 from .records import Approval, Effect, JournalEntry
@@ -282,9 +282,16 @@ class Decisions:
     def expire_leases(self, limit: int = 100) -> list[str]:
         """STARTED effects whose lease ran out, or whose owner process on this host is gone,
         become UNKNOWN: neither is evidence of anything, least of all that the call may run
-        again."""
+        again.
+
+        A lease counts as run out only once this process has seen it un-renewed for a
+        while of its own monotonic time (``leases.lease_lapsed``), so a step of the clock
+        expires nothing: a lease that just now looks expired is judged on a later call."""
+        now = self.clock.now()
         expired = [
-            e.id for e in self.store.expired_leases(self.clock.now(), limit) if self.expire_lease(e)
+            e.id
+            for e in self.store.expired_leases(now, limit)
+            if lease_lapsed(e, self.clock, now) and self.expire_lease(e)
         ]
         for effect in self.store.started_by(HOST + ":", limit):
             dead = dead_owner(effect.lease_owner)
@@ -299,20 +306,30 @@ class Decisions:
             reason = f"owner of attempt {effect.attempt} is gone: {dead}"
         else:
             reason = f"lease of attempt {effect.attempt} held by {effect.lease_owner} expired"
+        at = self.clock.now()
         evidence: dict[str, Any] = {
             "attempt": effect.attempt,
             "lease_expired_at": effect.lease_expires_at,
             "owner": effect.lease_owner,
         }
         if dead:
+            # When it was found gone: a request it sent just before may still be in flight
+            # at the provider, so a miss is trusted only a grace after this (reconcile.py).
             evidence["owner_gone"] = dead
-        return self.ledger.move(
+            evidence["owner_gone_at"] = at
+        moved = self.ledger.move(
             effect, "expire", S.UNKNOWN, actor="openonce", reason=reason, evidence=evidence,
             changes={
                 "execution_status": "unknown",
                 "execution_evidence": {**evidence, "lease_expired": True},
             },
+            at=at,
         )  # fmt: skip
+        if moved:
+            # The reconciler's grace runs on monotonic time from here too (a step of the
+            # clock must not spend it).
+            note_stopped(self.clock, effect.id, effect.attempt)
+        return moved
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -324,12 +341,7 @@ class Decisions:
             raise EffectChangedError(effect_id, effect.state)
         # A lapsed lease makes the effect UNKNOWN, but only on the way to a decision that
         # UNKNOWN allows: a refused call changes nothing.
-        if (
-            S.UNKNOWN in allowed
-            and effect.state == S.STARTED
-            and effect.lease_expires_at is not None
-            and effect.lease_expires_at <= self.clock.now()
-        ):
+        if S.UNKNOWN in allowed and effect.state == S.STARTED and lease_lapsed(effect, self.clock):
             self.expire_lease(effect)
             effect = self.get(effect_id)
         if effect.state not in allowed:

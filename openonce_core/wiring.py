@@ -87,6 +87,7 @@ def build_reconciler(
     transient_retries: int = 8,
     transient_window: float = 3600.0,
     stale_call_grace: float = 300.0,
+    dead_owner_grace: float = 60.0,
     owner: str = "reconciler",
 ) -> Reconciler:
     """A Reconciler over ``oo``'s store with the probers named by ``probers``: a mapping
@@ -113,6 +114,7 @@ def build_reconciler(
         transient_retries=transient_retries,
         transient_window=transient_window,
         stale_call_grace=stale_call_grace,
+        dead_owner_grace=dead_owner_grace,
         owner=owner,
     )
     table = load_object(probers) if isinstance(probers, str) else (probers or {})

@@ -84,6 +84,7 @@ def get_reconciler() -> Reconciler:
             transient_retries=settings.OPENONCE_PROBE_TRANSIENT_RETRIES,
             transient_window=settings.OPENONCE_PROBE_TRANSIENT_WINDOW,
             stale_call_grace=settings.OPENONCE_STALE_CALL_GRACE,
+            dead_owner_grace=settings.OPENONCE_DEAD_OWNER_GRACE,
             owner="daemon",
         )
         with _lock:

@@ -285,6 +285,9 @@ OPENONCE_PROBE_TRANSIENT_WINDOW = env_float(
 )
 # A miss this soon after a call's lease ran out is no evidence (the call may still run).
 OPENONCE_STALE_CALL_GRACE = env_float("OPENONCE_STALE_CALL_GRACE", 300.0)
+# A miss this soon after a call's owner was found dead is no evidence either: the request
+# it sent just before it died may still be in flight at the provider.
+OPENONCE_DEAD_OWNER_GRACE = env_float("OPENONCE_DEAD_OWNER_GRACE", 60.0)
 
 # -- the sweep ------------------------------------------------------------------------
 OPENONCE_SWEEP_INTERVAL = env_float("OPENONCE_SWEEP_INTERVAL", 5.0, positive=True)  # seconds
