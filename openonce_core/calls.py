@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .bridge import HandlerNotStarted
 from .canonical import dumps
 from .classify import Classifier, FailureClass
-from .clock import Clock
+from .clock import Clock, monotonic_of
 from .errors import (
     ApprovalDenied,
     ApprovalExpired,
@@ -43,9 +43,17 @@ from .errors import (
     ReceiptContractError,
     ResultUnavailableError,
 )
-from .failures import contains_secret, describe, last_error, rebuild, scrub, storable
+from .failures import (
+    contains_secret,
+    describe,
+    last_error,
+    rebuild,
+    scrub,
+    storable,
+    undescribed,
+)
 from .keys import Call, provider_key
-from .leases import LeaseKeeper, dead_owner
+from .leases import LeaseKeeper, dead_owner, lease_lapsed
 from .ledger import Ledger, Then
 from .observe import EffectEvent, Observer, begin, notify
 from .policy import Policy
@@ -157,7 +165,8 @@ class CallPath:
                 if effect is None:
                     continue
                 if deadline is None:
-                    deadline = self.clock.now() + call.spec.wait_seconds
+                    # On monotonic time: a step of the clock neither ends nor stretches it.
+                    deadline = monotonic_of(self.clock) + call.spec.wait_seconds
                 decided = self._decide_existing(call, effect, deadline)
                 if decided is _REPLAY:
                     trace.outcome = "replayed"
@@ -250,7 +259,7 @@ class CallPath:
             return _REPLAY
         if state == S.STARTED:
             dead = dead_owner(effect.lease_owner)
-            if dead is not None or _lease_expired(effect, self.clock.now()):
+            if dead is not None or lease_lapsed(effect, self.clock):
                 self.expire_lease(effect, dead=dead)
                 return None
             self._wait_for_change(effect, deadline, call.spec.wait_seconds)
@@ -347,8 +356,14 @@ class CallPath:
                         effect, f"an inner effect raised {type(exc).__name__}: {exc}", exc, call
                     )
                     raise
-                kind, why = self._classify(call, exc)
-                error = describe(exc, str(kind), call.secrets, why)
+                try:
+                    kind, why = self._classify(call, exc, ctx.sent)
+                    error = describe(exc, str(kind), call.secrets, why)
+                except Exception as problem:
+                    # The attempt ran and must not stay STARTED: record what is certain.
+                    kind = FailureClass.UNKNOWN
+                    why = f"the exception could not be recorded ({type(problem).__name__})"
+                    error = undescribed(exc, why)
                 if kind is FailureClass.RETRYABLE:
                     if effect.attempt - first_attempt + 1 < call.spec.max_attempts:
                         # Wait first, then renew the claim (fenced), then call: a claim
@@ -406,14 +421,30 @@ class CallPath:
             raise ReceiptContractError(effect.id, problems, value)
         return value
 
-    def _classify(self, call: Call, exc: BaseException) -> tuple[FailureClass, str]:
-        if call.spec.business_errors and isinstance(exc, call.spec.business_errors):
-            return FailureClass.FAILED, f"{type(exc).__name__} is declared a business error"
-        explain = getattr(self.classifier, "explain", None)
-        if explain is not None:
-            kind, why = explain(exc)
-            return kind, str(why)
-        return self.classifier.classify(exc), ""
+    def _classify(
+        self, call: Call, exc: BaseException, sent: bool = False
+    ) -> tuple[FailureClass, str]:
+        """What the handler's exception means. A tool's own ``business_errors`` mean what
+        ``Classifier(business=...)`` means (one rule, in classify.py): FAILED, unless the
+        rules know the call may have run. Once the handler marked a request sent
+        (``ctx.mark_sent()``), "nothing was sent" no longer holds: RETRYABLE is UNKNOWN."""
+        business = call.spec.business_errors
+        classifier = self.classifier
+        if isinstance(classifier, Classifier):
+            kind, why = classifier.explain(exc, business)
+        elif business and isinstance(exc, business):
+            # A classifier of the application's own does not know this tool's declarations.
+            kind, why = Classifier().explain(exc, business)
+        elif hasattr(classifier, "explain"):
+            kind, why = classifier.explain(exc)
+        else:
+            kind, why = classifier.classify(exc), ""
+        if kind is FailureClass.RETRYABLE and sent:
+            return FailureClass.UNKNOWN, (
+                f"{why or type(exc).__name__}, but the handler had already sent a request"
+                " (ctx.mark_sent()), which a retry would send again"
+            )
+        return kind, str(why)
 
     def _awaitable_returned(self, call: Call, effect: Effect, value: Any) -> None:
         """A sync wrapper handed back a coroutine: nothing has run yet. Close it so it never
@@ -568,6 +599,14 @@ class CallPath:
                 changes={"verification_status": "contradicted"},
             ):  # fmt: skip
                 break
+        else:
+            # The effect changed under every try, so no move held; what we saw is still
+            # journaled (invariant 7), for a person or the next decision to weigh.
+            self.ledger.note(
+                effect.id, actor=actor, evidence=evidence,
+                reason=f"{reason}; the effect changed on every try to record it, so it was not"
+                " compared with the recorded state: check it against the provider",
+            )  # fmt: skip
         error = LeaseLostError(effect.id, outcome, observed, "a newer owner holds the effect")
         error.openonce_outcome = "lease_lost"  # type: ignore[attr-defined]
         raise error
@@ -594,17 +633,21 @@ class CallPath:
                 current = self.store.get(effect.id)
                 if current is None or current.state != S.STARTED or current.fence != effect.fence:
                     return
-                now = self.clock.now()
-                if now >= deadline:
+                now, left = self.clock.now(), deadline - monotonic_of(self.clock)
+                if left <= 0:
                     raise EffectInFlightError(effect.id, wait_seconds)
-                lease_left = (current.lease_expires_at or 0) - now
-                if lease_left <= 0:
+                # Every read is a sighting of the lease: one we have watched since before
+                # its end is judged as soon as it ends. One whose end passed but that we
+                # have not yet seen un-renewed long enough (the clock may have stepped) is
+                # read again shortly: a live owner renews it meanwhile.
+                if lease_lapsed(current, self.clock, now):
                     return  # the caller turns the expired lease into UNKNOWN
                 if time.monotonic() - checked_owner > 0.25:
                     checked_owner = time.monotonic()
                     if dead_owner(current.lease_owner):
                         return  # the caller turns the dead owner into UNKNOWN
-                watch.wait(min(deadline - now, lease_left, 0.25))
+                lease_left = (current.lease_expires_at or 0) - now
+                watch.wait(min(left, lease_left if lease_left > 0 else 0.25, 0.25))
 
 
 @dataclasses.dataclass(slots=True)
@@ -629,10 +672,6 @@ def _replay_row(effect: Effect) -> ReplayRow:
         dumps(effect.error) if effect.error is not None else None,
         dumps(effect.execution_evidence) if effect.execution_evidence is not None else None,
     )
-
-
-def _lease_expired(effect: Effect, at: float) -> bool:
-    return effect.lease_expires_at is not None and effect.lease_expires_at <= at
 
 
 def _from_inner_effect(exc: BaseException, effect: Effect) -> bool:

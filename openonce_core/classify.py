@@ -20,6 +20,10 @@ The rule, in the order it is applied:
    * your declarations first, class by class: ``Classifier(business=...)`` (FAILED), then
      the ``retryable`` and ``unknown`` name sets (so a built-in rule for a more specific
      class still beats a broad declaration such as ``business=(stripe.StripeError,)``);
+     a business declaration never hides "may have run": when the rules without it place
+     the exception UNKNOWN (a read timeout, a lost connection, a 409 or a 5xx, even of a
+     declared class), it is UNKNOWN. A tool's own ``@oo.effect(business_errors=...)``
+     are declarations of the same kind, for that tool's calls only;
    * connect-phase errors (refused, DNS, connect timeout, no pooled connection, a URL the
      client would not send to) are RETRYABLE: nothing reached the provider;
    * read-phase timeouts, resets and lost replies are UNKNOWN;
@@ -95,7 +99,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -208,6 +212,8 @@ _READ_PHASE = "read timeout or lost reply, the request may have been processed"
 class _Verdict:
     kind: FailureClass
     rule: str
+    declared: bool = False  # a business declaration decided it
+    placed: bool = True  # False: no rule placed it, the default did
 
 
 @dataclass(frozen=True)
@@ -513,6 +519,8 @@ class _Walk:
 
     seen: set[int]
     doubt: str | None = None
+    business: tuple[type, ...] = ()  # one call's own business errors, besides the classifier's
+    ignore_business: bool = False  # read the chain as if nothing were declared a business error
 
 
 class Classifier:
@@ -551,9 +559,19 @@ class Classifier:
     def classify(self, exc: BaseException) -> FailureClass:
         return self.explain(exc)[0]
 
-    def explain(self, exc: BaseException) -> tuple[FailureClass, str]:
-        """The class, and the reason: the deciding link and the rule it met."""
-        verdict = self._decide(exc, _Walk(seen=set()), outermost=True)
+    def explain(
+        self, exc: BaseException, business: Iterable[type[BaseException]] = ()
+    ) -> tuple[FailureClass, str]:
+        """The class, and the reason: the deciding link and the rule it met. ``business``
+        adds one tool's own business errors (``@oo.effect(business_errors=...)``) to the
+        classifier's, with the same meaning."""
+        verdict = self._decide(exc, _Walk(seen=set(), business=tuple(business)), outermost=True)
+        if verdict.declared:
+            # "The provider said no" is the application's word; "the request may have been
+            # processed" is what the rules know (invariant 8): the known doubt wins.
+            known = self._decide(exc, _Walk(seen=set(), ignore_business=True), outermost=True)
+            if known.kind is UNKNOWN and known.placed:
+                return UNKNOWN, f"{known.rule} (declared a business error, but it may have run)"
         return verdict.kind, verdict.rule
 
     # -- the walk -----------------------------------------------------------------------------
@@ -609,17 +627,20 @@ class Classifier:
             return fallback
         where = " ".join(path) or _display(type(exc))
         if self.default is FAILED:
-            return _Verdict(FAILED, f"{where}: placed by no rule; FAILED by the chosen default")
+            return _Verdict(
+                FAILED, f"{where}: placed by no rule; FAILED by the chosen default", placed=False
+            )
         return _Verdict(
             UNKNOWN,
             f"{where}: placed by no rule, and the request may have left (raise BusinessError"
             " or declare Classifier(business=...) for a business error)",
+            placed=False,
         )
 
     def _trusted(self, verdict: _Verdict, where: str, walk: _Walk) -> _Verdict:
         if verdict.kind is not UNKNOWN and walk.doubt is not None:
             return _Verdict(UNKNOWN, f"{where}: {verdict.rule}, but {walk.doubt}")
-        return _Verdict(verdict.kind, f"{where}: {verdict.rule}")
+        return _Verdict(verdict.kind, f"{where}: {verdict.rule}", verdict.declared)
 
     def _place(
         self, exc: BaseException, walk: _Walk, outermost: bool
@@ -638,8 +659,10 @@ class Classifier:
             return _Verdict(UNKNOWN, "interrupted mid-call, the request may be out already")
         for cls in type(exc).__mro__:
             names = _names(cls)
-            if cls in self._business_classes or names & self.business:
-                return _Verdict(FAILED, "declared a business error")
+            if not walk.ignore_business and (
+                cls in self._business_classes or cls in walk.business or names & self.business
+            ):
+                return _Verdict(FAILED, "declared a business error", declared=True)
             if cls in self._retryable_classes or names & self.retryable:
                 why = _CONNECT_PHASE if names & DEFAULT_RETRYABLE else "declared retryable"
                 return _Verdict(RETRYABLE, why)
@@ -665,7 +688,7 @@ class Classifier:
         reason names the member that tells most (one that may have happened, if any)."""
         verdicts = [
             # Each member is its own chain; the links above the group still end a cycle.
-            self._decide(member, _Walk(seen=set(walk.seen), doubt=walk.doubt), outermost=False)
+            self._decide(member, replace(walk, seen=set(walk.seen)), outermost=False)
             for member in group.exceptions
         ]
         for kind in (UNKNOWN, FAILED, RETRYABLE):

@@ -11,12 +11,14 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .canonical import check_json
+from .canonical import MAX_DEPTH, check_json
 from .errors import EffectFailed, InvalidArgumentsError
 from .records import Effect
 
 MAX_MESSAGE = 2000
 SECRET = "[secret]"
+CYCLE = "<cycle>"  # what a container that holds itself is recorded as
+TOO_DEEP = "<too deep>"  # ... and one nested deeper than MAX_DEPTH
 
 
 def describe(
@@ -50,6 +52,19 @@ def describe(
     return doc
 
 
+def undescribed(exc: BaseException, why: str) -> dict[str, Any]:
+    """The record of an exception :func:`describe` could not read: its class and why, not
+    its message (which may hold a secret that could not be scrubbed)."""
+    cls = type(exc)
+    return {
+        "type": f"{cls.__module__}.{cls.__qualname__}",
+        "message": why,
+        "args": None,
+        "class": "unknown",
+        "why": why,
+    }
+
+
 def chain(exc: BaseException, limit: int = 16) -> list[BaseException]:
     """``exc`` and what it was raised from or during, outermost first, without cycles."""
     seen: list[BaseException] = []
@@ -63,8 +78,10 @@ def chain(exc: BaseException, limit: int = 16) -> list[BaseException]:
     return seen
 
 
-def scrub(value: Any, secrets: tuple[str, ...]) -> Any:
-    """``value`` with every secret replaced by ``[secret]``, in strings at any depth."""
+def scrub(value: Any, secrets: tuple[str, ...], _inside: tuple[int, ...] = ()) -> Any:
+    """``value`` with every secret replaced by ``[secret]``, in strings at any depth. A
+    container that holds itself becomes ``<cycle>``, one nested deeper than ``MAX_DEPTH``
+    ``<too deep>``: nothing below it is kept, so no secret either."""
     if not secrets:
         return value
     if isinstance(value, str):
@@ -74,23 +91,34 @@ def scrub(value: Any, secrets: tuple[str, ...]) -> Any:
         return value
     if isinstance(value, int) and not isinstance(value, bool) and str(value) in secrets:
         return SECRET
-    if isinstance(value, list | tuple):
-        return [scrub(v, secrets) for v in value]
-    if isinstance(value, dict):
-        return {scrub(k, secrets): scrub(v, secrets) for k, v in value.items()}
+    if isinstance(value, list | tuple | dict):
+        if id(value) in _inside:
+            return CYCLE
+        if len(_inside) >= MAX_DEPTH:
+            return TOO_DEEP
+        inside = (*_inside, id(value))
+        if isinstance(value, dict):
+            return {scrub(k, secrets, inside): scrub(v, secrets, inside) for k, v in value.items()}
+        return [scrub(v, secrets, inside) for v in value]
     return value
 
 
-def _plain(value: Any, depth: int = 0) -> Any:
+def _plain(value: Any, _inside: tuple[int, ...] = ()) -> Any:
     """Arguments as plain JSON types where that loses nothing a replay needs: provider
     errors carry mappings (an OrderedDict body, a header mapping) and tuples. Anything else
-    is left as it is, and the check that follows then refuses it."""
-    if depth > 16:
+    is left as it is, and the check that follows then refuses it; a container that holds
+    itself, or nests past ``MAX_DEPTH``, is cut as :func:`scrub` cuts it."""
+    if not isinstance(value, Mapping | list | tuple):
         return value
+    if id(value) in _inside:
+        return CYCLE
+    if len(_inside) >= MAX_DEPTH:
+        return TOO_DEEP
+    inside = (*_inside, id(value))
     if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
-        return {k: _plain(v, depth + 1) for k, v in value.items()}
+        return {k: _plain(v, inside) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v, depth + 1) for v in value]
+        return [_plain(v, inside) for v in value]
     return value
 
 

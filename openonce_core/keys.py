@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .canonical import canonical, check_json, fingerprint, secret_digest
+from .canonical import canonical, check_json, secret_digest
 from .errors import InvalidArgumentsError, ScopeRequiredError
 
 
@@ -101,9 +101,11 @@ def make_spec(
     for cls in business_errors:
         if not (isinstance(cls, type) and issubclass(cls, BaseException)):
             raise ValueError(f"business_errors takes exception classes, not {cls!r}")
+    tool = tool or _tool_name(fn)
+    check_text(tool, "tool")
     return Spec(
         fn=fn,
-        tool=tool or _tool_name(fn),
+        tool=tool,
         signature=signature,
         idempotency_fields=tuple(idempotency_fields) if idempotency_fields else None,
         idempotency_key=key_fn,
@@ -157,6 +159,7 @@ def prepare(
         key = spec.idempotency_key(**arguments)
         if type(key) is not str or not key:
             raise InvalidArgumentsError("idempotency_key", "must return a non-empty string")
+        check_text(key, "idempotency_key")
         leaked = [s for s in secrets if s in key]
         if leaked:
             # The key is stored (and shown) in clear: it must not carry a secret field.
@@ -166,7 +169,7 @@ def prepare(
                 " fields, or use idempotency_fields (secret fields enter it as digests)",
             )
         # Explicit keys are global; the whole argument set must match on reuse.
-        full = fingerprint(stored, plain=plain)
+        full = _fingerprint_stored(stored, plain)
         return Call(spec, args, kwargs, stored, key, full, scope, secrets)
     if scope is None:
         raise ScopeRequiredError(
@@ -176,16 +179,59 @@ def prepare(
     # Checked on the clear values, so a float stays refused even in a secret field.
     if derived_from_all:
         plain = check_json(arguments, key_material=True)
-        digest = _sha256(canonical(stored, plain=plain))
-        full = "sha256:" + digest
+        full = _fingerprint_stored(stored, plain)
+        digest = full.removeprefix("sha256:")
     else:
         fields = spec.idempotency_fields or ()
         key_fields = {f: stored[f] for f in fields}
         check_json({f: arguments[f] for f in fields}, key_material=True)
         digest = _sha256(canonical(key_fields, plain=check_json(key_fields)))
-        full = fingerprint(stored, plain=plain)
+        full = _fingerprint_stored(stored, plain)
     key = _sha256(f"{scope}\0{digest}")
     return Call(spec, args, kwargs, stored, key, full, scope, secrets)
+
+
+_NUL = "holds a NUL character (\\u0000), which the ledger cannot store"
+
+
+def check_text(value: str, what: str) -> None:
+    """Refuse text the ledger cannot hold alike on every store (invariant 6): Postgres
+    text cannot hold NUL, and no store a lone surrogate."""
+    if "\x00" in value:
+        raise InvalidArgumentsError(what, _NUL)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentsError(what, "holds a lone surrogate") from None
+
+
+def _fingerprint_stored(stored: dict[str, Any], plain: bool) -> str:
+    """The fingerprint of the arguments as stored, refusing a string that holds NUL:
+    Postgres reads the stored arguments as jsonb, which cannot hold one."""
+    text = canonical(stored, plain=plain)
+    if "\\u0000" in text:  # JSON writes NUL so (a backslash before "u0000" too: look)
+        path = _nul_path(stored, "$")
+        if path is not None:
+            raise InvalidArgumentsError(path, _NUL)
+    return "sha256:" + _sha256(text)
+
+
+def _nul_path(value: Any, path: str) -> str | None:
+    if type(value) is str:
+        return path if "\x00" in value else None
+    items: Any = ()
+    if type(value) is list:
+        items = ((f"{path}[{i}]", item) for i, item in enumerate(value))
+    elif type(value) is dict:
+        for key in value:
+            if "\x00" in key:
+                return f"{path}.{key!r}"
+        items = ((f"{path}.{key}", item) for key, item in value.items())
+    for where, item in items:
+        found = _nul_path(item, where)
+        if found is not None:
+            return found
+    return None
 
 
 def secret_texts(values: Any) -> tuple[str, ...]:

@@ -37,7 +37,7 @@ from typing import Any
 from .canonical import check_json
 from .clock import Clock
 from .errors import InvalidArgumentsError, ProbeCredentialError, ProbeError, ProbeTransientError
-from .leases import HOST, dead_owner
+from .leases import HOST, dead_owner, lease_lapsed, stopped_for
 from .ledger import Then
 from .probe import ProbeOutcome, Prober, ProbeResult
 from .providers import Capability, CapabilityMatrix, check_receipt
@@ -139,6 +139,7 @@ class Reconciler:
         transient_retries: int = 8,
         transient_window: float = 3600.0,
         stale_call_grace: float = 300.0,
+        dead_owner_grace: float = 60.0,
         owner: str = "reconciler",
         clock: Clock | None = None,
     ) -> None:
@@ -162,6 +163,11 @@ class Reconciler:
         # A miss soon after a lease ran out is no evidence: the call may still be running
         # (stopped, cut off). Re-arming on a miss waits this long after the lease's end.
         self.stale_call_grace = stale_call_grace
+        # A process found gone sends nothing more, but a request it sent just before it
+        # died may still be in flight at the provider (a PR being created): a miss is no
+        # evidence until this long (or the tool's grace, if longer) after it was found
+        # gone. Shorter than stale_call_grace, which covers a process that may wake up.
+        self.dead_owner_grace = dead_owner_grace
         self.actor = owner if ":" in owner else f"reconciler:{owner}"
         self._claimer = f"{self.actor}#{uuid.uuid4().hex[:8]}"
         self._probers: dict[str, list[AnyProber]] = {}
@@ -198,7 +204,8 @@ class Reconciler:
 
     def due(self, limit: int = 500, at: float | None = None) -> list[Effect]:
         """Effects a sweep would act on now: expired leases and owners gone from this host,
-        then UNKNOWN past grace."""
+        then UNKNOWN past grace. (A lease whose end passed is expired only once this
+        process has seen it un-renewed long enough: ``leases.lease_lapsed``.)"""
         at = at if at is not None else self.clock.now()
         found = self.store.expired_leases(at, limit)
         seen = {e.id for e in found}
@@ -277,8 +284,8 @@ class Reconciler:
 
     def _is_due(self, effect: Effect, at: float, own: tuple[str, ...] = ()) -> bool:
         if effect.state == S.STARTED:
-            expired = effect.lease_expires_at is not None and effect.lease_expires_at <= at
-            return expired or dead_owner(effect.lease_owner) is not None
+            lapsed = lease_lapsed(effect, self.clock, at)
+            return lapsed or dead_owner(effect.lease_owner) is not None
         if effect.state != S.UNKNOWN or at < effect.updated_at + self._pause(effect):
             return False
         # Someone else is probing it (or has it queued): leave it to them.
@@ -314,7 +321,12 @@ class Reconciler:
         claimer: str | None = None,
     ) -> None:
         if effect.state == S.STARTED:
-            if self.oo.expire_lease(effect, dead=dead_owner(effect.lease_owner)):
+            dead = dead_owner(effect.lease_owner)
+            if dead is None and not lease_lapsed(effect, self.clock, at):
+                # Its end passed on the clock, but we have not yet seen it go un-renewed
+                # for long enough (the clock may have stepped): judged on a later sweep.
+                return
+            if self.oo.expire_lease(effect, dead=dead):
                 report.expired.append(effect.id)
             else:
                 report.lost_races += 1
@@ -539,7 +551,16 @@ class Reconciler:
             return
         young = self._too_soon_after_lease(effect, now)
         if young:
-            # The call whose lease ran out may still be running: wait before trusting a miss.
+            # The call whose lease ran out may still be running, or the request of an owner
+            # found gone still in flight: wait before trusting a miss.
+            gone = (effect.execution_evidence or {}).get("owner_gone")
+            why = (
+                f"its owner was found gone only {now - _lease_end(effect):.0f}s ago and a"
+                " request it sent may still be in flight"
+                if gone
+                else f"the call's lease ran out only {now - _lease_end(effect):.0f}s ago and"
+                " it may still be running"
+            )
             evidence = dict(effect.verification_evidence or {})
             evidence["observations"] = observations
             evidence["probe_failures"] = {
@@ -549,9 +570,7 @@ class Reconciler:
             }
             moved = self.oo.ledger.move(
                 effect, "reprobe", S.UNKNOWN, actor=self.actor,
-                reason="no trace yet, but the call's lease ran out only"
-                f" {now - _lease_end(effect):.0f}s ago and it may still be running;"
-                f" asking again in {young:.0f}s",
+                reason=f"no trace yet, but {why}; asking again in {young:.0f}s",
                 evidence={"probe": "not_happened", "observations": seen, "wait": young},
                 changes={"verification_evidence": evidence},
             )  # fmt: skip
@@ -570,13 +589,23 @@ class Reconciler:
         report.rearmed.append(effect.id)
 
     def _too_soon_after_lease(self, effect: Effect, now: float) -> float:
-        """Seconds still to wait before a miss may re-arm an effect whose lease ran out
-        (0 when its owner is known to be gone, or it did not end by a lease)."""
+        """Seconds still to wait before a miss may re-arm an effect whose attempt ended by
+        its lease (0 when it did not). A lease that ran out may belong to a call that is
+        still running (stopped, cut off): ``stale_call_grace``. An owner found gone sends
+        nothing more, but its last request may still be in flight: ``dead_owner_grace``.
+        Either way at least the tool's own grace.
+
+        The window runs from the lease's end (or when the owner was found gone) on the
+        ledger's clock, and from when this process first knew the attempt had stopped on
+        its monotonic clock: a forward step of the clock must not spend it."""
         evidence = effect.execution_evidence or {}
-        if not evidence.get("lease_expired") or evidence.get("owner_gone"):
+        if not evidence.get("lease_expired"):
             return 0.0
-        window = max(self.grace_for(effect.tool), self.stale_call_grace)
-        return max(0.0, _lease_end(effect) + window - now)
+        floor = self.dead_owner_grace if evidence.get("owner_gone") else self.stale_call_grace
+        window = max(self.grace_for(effect.tool), floor)
+        by_clock = _lease_end(effect) + window - now
+        by_monotonic = window - stopped_for(self.clock, effect.id, effect.attempt)
+        return max(0.0, by_clock, by_monotonic)
 
     def _lost_race(self, effect: Effect, result: ProbeResult, report: ReconcileReport) -> None:
         """A decisive observation arrived after someone else moved the effect. Keep it; if
@@ -587,12 +616,16 @@ class Reconciler:
             return
         observation = _observation(result, effect.attempt, self.clock.now())
         # A miss agrees with anything (after a commit it is a lagging index); a find agrees
-        # only with the same receipt, or with a person already looking. A find after a
-        # re-arm, a retry, a cancel or another receipt may mean the effect happened twice.
+        # only with a commit of the same provider object, or with a person already looking.
+        # A find after a re-arm, a retry, a cancel or another object may mean the effect
+        # happened twice.
         agrees = (
             result.outcome is not ProbeOutcome.HAPPENED
             or current.state in (S.HUMAN_REVIEW, S.UNKNOWN)
-            or (current.state == S.COMMITTED and current.result == result.receipt)
+            or (
+                current.state == S.COMMITTED
+                and self._same_object(current.result, result.receipt, effect.tool)
+            )
         )
         reason = f"probe found {result.outcome} after the effect was moved to {current.state}"
         evidence = {"observation": observation, "probed_attempt": effect.attempt}
@@ -604,6 +637,33 @@ class Reconciler:
             self.oo.ledger.note(effect.id, actor=self.actor, reason=reason, evidence=evidence)
             return
         report.escalated.append(effect.id)
+
+    def _same_object(self, committed: Any, receipt: Any, tool: str) -> bool:
+        """Whether a committed result names the provider object a probe found. The two
+        differ in shape (a handler may return the whole Stripe object, a prober returns
+        ``{"stripe_id": ...}``), so identity is compared: every identity field of the
+        receipt (its capability's required receipt fields; without one, all its fields)
+        is carried by the result under the same name or, for an object returned whole, as
+        one of its top-level values (a Stripe object's ``id``)."""
+        if committed == receipt:
+            return True
+        if not isinstance(committed, Mapping) or not isinstance(receipt, Mapping):
+            return False
+        capabilities = self.matrix.resolve(tool, self._pins.get(tool))
+        fields = [f for c in capabilities for f in c.required_receipt_fields if f in receipt]
+        fields = fields or list(receipt)
+
+        def same(a: Any, b: Any) -> bool:
+            return type(a) is type(b) and a == b  # as JSON values: 42 is not "42"
+
+        for name in fields:
+            wanted = receipt[name]
+            if name in committed:
+                if not same(committed[name], wanted):
+                    return False
+            elif not any(same(value, wanted) for value in committed.values()):
+                return False
+        return bool(fields)
 
     def _escalate(
         self,
@@ -725,9 +785,14 @@ def _attempt(result: ProbeResult, at: float) -> dict[str, Any]:
 
 
 def _lease_end(effect: Effect) -> float:
+    """When the attempt stopped, as the ledger knows it: when its owner was found gone, or
+    its lease's end (ledgers from before ``owner_gone_at`` have only the latter: later)."""
     evidence = effect.execution_evidence or {}
-    end = evidence.get("lease_expired_at")
-    return float(end) if isinstance(end, int | float) else effect.updated_at
+    for name in ("owner_gone_at", "lease_expired_at"):
+        end = evidence.get(name)
+        if isinstance(end, int | float) and not isinstance(end, bool):
+            return float(end)
+    return effect.updated_at
 
 
 def _observation(result: ProbeResult, attempt: int, at: float) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from .clock import Clock
 from .contracts import Contracts
 from .decisions import Decisions
 from .errors import ConfigurationError, OpenOnceError, SchemaVersionError
-from .keys import Call, Spec, make_spec, prepare
+from .keys import Call, Spec, check_text, make_spec, prepare
 from .leases import LeaseKeeper, process_owner
 from .ledger import Ledger
 from .observe import Observer
@@ -68,6 +68,7 @@ class EffectContext:
     provider_key: str
     fence: int = 0
     _oo: Any = field(default=None, repr=False, compare=False)
+    _sent: bool = field(default=False, repr=False, compare=False)
 
     def owns(self) -> bool:
         """Whether this attempt still holds the effect (reads the ledger). A handler about
@@ -85,6 +86,18 @@ class EffectContext:
     def renew(self) -> bool:
         """Renew the lease now (the heartbeat does it on its own); False if it was lost."""
         return bool(self._oo is not None and self._oo.keeper.renew_now(self.effect_id))
+
+    def mark_sent(self) -> None:
+        """Say that this attempt has sent a request that may have taken effect. A handler
+        making more than one external call marks it after the first: from then on an
+        error that means "nothing was sent" (a refused connection on the second call) is
+        UNKNOWN, not a retry that would send the first call again."""
+        object.__setattr__(self, "_sent", True)  # the context is frozen but for this flag
+
+    @property
+    def sent(self) -> bool:
+        """Whether :meth:`mark_sent` was called in this attempt."""
+        return self._sent
 
 
 def current_effect() -> EffectContext:
@@ -264,6 +277,8 @@ class OpenOnce(Contracts, CallPath, Decisions):
         stable id a resumed run after a crash replays what the first one did."""
         if run_id is not None and (type(run_id) is not str or not run_id):
             raise ValueError("scope id must be a non-empty string")
+        if run_id is not None:
+            check_text(run_id, "scope")
         scope_id = run_id or "run_" + uuid.uuid4().hex
         token = _scope.set(scope_id)
         try:

@@ -610,9 +610,15 @@ def test_a_more_specific_built_in_rule_beats_a_broad_declaration():
     classifier = Classifier(business=(stripe.StripeError,))
     lost = raised(stripe.APIConnectionError("x"), requests.ReadTimeout("read"))
     assert classifier.classify(lost) is UNKNOWN
-    assert classifier.classify(stripe_error(500, "api_error")) is FAILED  # as declared
-    # Declaring the exact class wins over the built-in rule for it.
-    assert Classifier(business=(stripe.APIConnectionError,)).classify(lost) is FAILED
+    # A declaration never hides "may have run": not a 5xx, not even the exact class.
+    assert classifier.classify(stripe_error(500, "api_error")) is UNKNOWN
+    assert classifier.classify(stripe_error(402, "card_error")) is FAILED  # as declared
+    assert Classifier(business=(stripe.APIConnectionError,)).explain(lost) == (
+        UNKNOWN,
+        "stripe.APIConnectionError from requests.exceptions.ReadTimeout: read timeout or lost"
+        " reply, the request may have been processed (declared a business error, but it may"
+        " have run)",
+    )
 
 
 def test_failed_can_be_chosen_as_the_default_deliberately():

@@ -657,7 +657,7 @@ def test_business_error_is_recorded_failed_and_replayed(store):
     assert moves(oo, effect.id) == [(S.PLANNED, S.STARTED), (S.STARTED, S.FAILED)]
     last = oo.journal(effect.id)[-1]
     assert last.actor == AGENT
-    assert last.reason == "ValueError is declared a business error"
+    assert last.reason == "ValueError: declared a business error"
     assert last.evidence["error"]["message"] == "card declined"
     assert oo.stats["failed"] == 1
     assert oo.stats["replayed"] == 1
