@@ -7,7 +7,7 @@ PG_TEST_DSN ?= postgresql://root@127.0.0.1:5432/test
 AXE_VERSION := 4.10.3
 AXE := $(VENV)/axe/node_modules/axe-core/axe.min.js
 
-.PHONY: venv demo test lint bench bench-gap bench-reconcile bench-daemon bench-console clean check-python
+.PHONY: venv demo test lint bench bench-gap bench-reconcile bench-daemon bench-console soak clean check-python
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' || { \
@@ -73,6 +73,17 @@ bench-daemon: venv
 
 bench-console: venv
 	OPENONCE_BENCH_PG=$(PG_TEST_DSN) $(PY) bench/console.py
+
+# The nemesis soak (bench/soak.py, bench/README.md): agents, the reconciler and a person
+# under seeded faults, then the provider's record checked against the ledger. Exit 1 on any
+# violation. `make soak DURATION=3600` soaks an hour; FAULTS=all|kill,stop,... picks faults.
+DURATION ?= 120
+SEED ?= 1
+STORE ?= both
+FAULTS ?= default
+soak: venv
+	OPENONCE_TEST_PG=$(PG_TEST_DSN) $(PY) bench/soak.py --duration $(DURATION) --seed $(SEED) \
+	  --store $(STORE) --faults $(FAULTS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

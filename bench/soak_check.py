@@ -1,0 +1,227 @@
+"""The nemesis soak's checker: the provider's record against the ledger (bench/soak.py).
+
+Pure functions over plain data, so a test can plant a violation and see it caught
+(tests/bench/test_soak.py):
+
+* ``provider``: the provider's record, one dict per POST it received (soak_provider.py);
+* ``agents``: what the agents saw, one dict per call (soak_agent.py);
+* ``effects``: the ledger's effects, dicts with ``id``, ``order``, ``state``, ``result``,
+  ``provider_key``, ``updated_at``;
+* ``journals``: effect id -> its journal lines, dicts with ``action``, ``from_state``,
+  ``to_state``, ``actor``, ``reason``, ``at``, ``evidence``.
+
+The invariants (ARCHITECTURE.md, "The nemesis"):
+
+* ``executed_once``: no order executed more than once at the provider;
+* ``outcomes_kept``: every success an agent saw is COMMITTED with that result; every
+  execution at the provider is COMMITTED with that PaymentIntent (or with a person);
+  nothing is COMMITTED that the provider did not execute;
+* ``settled``: after the drain every effect is terminal or with a person (HUMAN_REVIEW,
+  REQUIRES_APPROVAL);
+* ``journal_legal``: every journal replays from ``planned`` through legal moves of
+  ``openonce_core.states`` to the effect's state.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from openonce_core.states import TERMINAL, EffectState, check_move, move_for
+
+S = EffectState
+WITH_A_PERSON = frozenset({S.HUMAN_REVIEW, S.REQUIRES_APPROVAL})
+INVARIANTS = ("executed_once", "outcomes_kept", "settled", "journal_legal", "resources")
+
+
+@dataclass
+class Violation:
+    invariant: str
+    order: str
+    detail: str
+    effect_id: str | None = None
+
+    def __str__(self) -> str:
+        where = f" ({self.effect_id})" if self.effect_id else ""
+        return f"{self.invariant}: {self.order}{where}: {self.detail}"
+
+
+@dataclass
+class Verdict:
+    violations: list[Violation] = field(default_factory=list)
+    checked: Counter[str] = field(default_factory=Counter)  # invariant -> items checked
+
+    def add(self, invariant: str, order: str, detail: str, effect_id: str | None = None) -> None:
+        self.violations.append(Violation(invariant, order, detail, effect_id))
+
+    def count(self, invariant: str) -> int:
+        return sum(1 for v in self.violations if v.invariant == invariant)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def replay_journal(lines: list[Mapping[str, Any]]) -> tuple[S | None, str]:
+    """The state a journal replays to through legal moves, or (None, why it cannot)."""
+    state = S.PLANNED
+    for n, line in enumerate(lines):
+        action = line.get("action") or ""
+        try:
+            src, dst = S(line["from_state"] or "planned"), S(line["to_state"])
+        except ValueError as exc:
+            return None, f"line {n}: {exc}"
+        if n == 0:
+            try:
+                creates = move_for(action).creates
+            except ValueError:
+                creates = False
+            if not creates:
+                return None, f"line 0 is {action!r}, not a move that creates an effect"
+        if src != state:
+            return None, f"line {n} ({action}) starts from {src}, the journal was at {state}"
+        if not check_move(action, src, dst):
+            return None, f"line {n}: {action} {src} -> {dst} is not a legal move"
+        state = dst
+    return state, ""
+
+
+def check(
+    provider: Iterable[Mapping[str, Any]],
+    agents: Iterable[Mapping[str, Any]],
+    effects: Iterable[Mapping[str, Any]],
+    journals: Mapping[str, list[Mapping[str, Any]]],
+) -> Verdict:
+    verdict = Verdict()
+    executions: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for line in provider:
+        if line.get("kind") == "exec":
+            executions[str(line.get("order"))].append(line)
+    current: dict[str, Mapping[str, Any]] = {}
+    for effect in effects:
+        order = str(effect["order"])
+        if effect["state"] != S.RELEASED or order not in current:
+            current[order] = effect
+
+    # executed_once
+    for order, lines in sorted(executions.items()):
+        verdict.checked["executed_once"] += 1
+        if len(lines) > 1:
+            ids = ", ".join(f"{x.get('id')} (effect {x.get('effect_id')})" for x in lines)
+            effect_id = current[order]["id"] if order in current else None
+            verdict.add("executed_once", order, f"executed {len(lines)} times: {ids}", effect_id)
+
+    # outcomes_kept: what the agents saw succeed
+    seen_ok: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for line in agents:
+        if line.get("o") == "ok" and isinstance(line.get("r"), dict):
+            seen_ok.setdefault((str(line["k"]), str(line["r"].get("stripe_id"))), line)
+    for (order, stripe_id), _line in sorted(seen_ok.items()):
+        verdict.checked["outcomes_kept"] += 1
+        effect = current.get(order)
+        if effect is None:
+            verdict.add(
+                "outcomes_kept", order, f"an agent saw {stripe_id}; no effect in the ledger"
+            )
+            continue
+        got = (
+            (effect.get("result") or {}).get("stripe_id")
+            if effect["state"] == S.COMMITTED
+            else None
+        )
+        if got != stripe_id:
+            verdict.add(
+                "outcomes_kept", order,
+                f"an agent saw success with {stripe_id}; the ledger has {effect['state']}"
+                f" with result {effect.get('result')!r}", effect["id"],
+            )  # fmt: skip
+    # ... and what the provider executed
+    for order, lines in sorted(executions.items()):
+        verdict.checked["outcomes_kept"] += 1
+        effect = current.get(order)
+        stripe_id = lines[0].get("id")
+        if effect is None:
+            verdict.add("outcomes_kept", order, f"the provider executed {stripe_id}; no effect")
+            continue
+        state = S(effect["state"])
+        if state in WITH_A_PERSON:
+            continue
+        got = (effect.get("result") or {}).get("stripe_id")
+        if state != S.COMMITTED or got not in {x.get("id") for x in lines}:
+            verdict.add(
+                "outcomes_kept", order,
+                f"the provider executed {stripe_id}; the ledger has {state} with result"
+                f" {effect.get('result')!r}", effect["id"],
+            )  # fmt: skip
+    # ... and nothing committed that did not happen
+    for order, effect in sorted(current.items()):
+        if effect["state"] != S.COMMITTED:
+            continue
+        verdict.checked["outcomes_kept"] += 1
+        got = (effect.get("result") or {}).get("stripe_id")
+        if got not in {x.get("id") for x in executions.get(order, [])}:
+            verdict.add(
+                "outcomes_kept", order,
+                f"COMMITTED with {got!r}, which the provider never executed", effect["id"],
+            )  # fmt: skip
+
+    # settled
+    for order, effect in sorted(current.items()):
+        verdict.checked["settled"] += 1
+        state = S(effect["state"])
+        if state not in TERMINAL and state not in WITH_A_PERSON:
+            verdict.add("settled", order, f"left {state} after the drain", effect["id"])
+
+    # journal_legal (every effect, released ones too)
+    for effect in effects:
+        verdict.checked["journal_legal"] += 1
+        lines = journals.get(effect["id"], [])
+        replayed, why = replay_journal(lines)
+        if replayed is None:
+            verdict.add("journal_legal", str(effect["order"]), why, effect["id"])
+        elif replayed != S(effect["state"]):
+            verdict.add(
+                "journal_legal", str(effect["order"]),
+                f"the journal replays to {replayed}, the effect is {effect['state']}", effect["id"],
+            )  # fmt: skip
+    return verdict
+
+
+# -- resources ----------------------------------------------------------------------------
+
+FD_GROWTH = 24  # more open files at the end than at the start, per process
+THREAD_GROWTH = 12
+RSS_GROWTH_MB = 80.0
+
+
+def check_resources(
+    verdict: Verdict,
+    start: Mapping[str, Mapping[str, float]],
+    end: Mapping[str, Mapping[str, float]],
+    *,
+    connections: tuple[int, int] | None = None,
+    connection_bound: int = 0,
+) -> None:
+    """Per long-lived process (alive at both samples, same pid): fds, threads and RSS must
+    not grow past the thresholds; the ledger's connections must stay under the bound."""
+    for name in sorted(set(start) & set(end)):
+        a, b = start[name], end[name]
+        if a.get("pid") != b.get("pid"):
+            continue
+        verdict.checked["resources"] += 1
+        if b["fds"] - a["fds"] > FD_GROWTH:
+            verdict.add("resources", name, f"open files grew {a['fds']:.0f} -> {b['fds']:.0f}")
+        if b["threads"] - a["threads"] > THREAD_GROWTH:
+            verdict.add("resources", name, f"threads grew {a['threads']:.0f} -> {b['threads']:.0f}")
+        if b["rss_mb"] - a["rss_mb"] > RSS_GROWTH_MB:
+            verdict.add("resources", name, f"RSS grew {a['rss_mb']:.0f} -> {b['rss_mb']:.0f} MB")
+    if connections is not None and connection_bound:
+        verdict.checked["resources"] += 1
+        if max(connections) > connection_bound:
+            verdict.add(
+                "resources", "postgres",
+                f"{max(connections)} ledger connections (start {connections[0]}, end"
+                f" {connections[1]}), over the bound of {connection_bound}",
+            )  # fmt: skip
