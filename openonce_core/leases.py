@@ -25,6 +25,7 @@ lease's end into the past at once, but it cannot stop a live keeper from renewin
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 import time
@@ -103,14 +104,9 @@ def _token(pid: int) -> str:
     return f"{namespace}.{start}.{BOOT_ID}" if BOOT_ID else f"{namespace}.{start}"
 
 
-def _parse_token(token: str) -> tuple[str | None, str | None, str | None]:
-    """(pid namespace, start time, boot id) of an owner's token; None for what it does not
-    say (``-``; no boot id in tokens written before it was added)."""
-    if token == "-":
-        return None, None, None
-    namespace, _, rest = token.partition(".")
-    start, _, boot = rest.partition(".")
-    return namespace or None, start or None, boot or None
+# pid, then the token: "-", "<namespace>.<start>" (older ledgers) or "<ns>.<start>.<boot>".
+# Linux pids stay below 2**22 (PID_MAX_LIMIT): seven digits at most.
+_OWNER = re.compile(r"([0-9]{1,7}):(?:-|([0-9]+)\.([0-9]+)(?:\.([0-9a-f]+))?)", re.ASCII)
 
 
 def process_owner() -> str:
@@ -125,10 +121,15 @@ def dead_owner(owner: str | None) -> str | None:
     if not owner:
         return None
     parts = owner.rsplit(":", 2)
-    if len(parts) != 3 or parts[0] != HOST or not parts[1].isdigit():
+    if len(parts) != 3 or parts[0] != HOST:
+        return None
+    # Anything but a well-formed pid and token (an owner= of someone's own choosing) cannot
+    # be judged: a wrong "gone" would re-arm a live call.
+    shape = _OWNER.fullmatch(f"{parts[1]}:{parts[2]}")
+    if shape is None:
         return None
     pid = int(parts[1])
-    namespace, start, boot = _parse_token(parts[2])
+    namespace, start, boot = shape.group(2), shape.group(3), shape.group(4)
     if boot is not None and boot != BOOT_ID:
         # Another machine with our hostname (a cloned VM, a container on the host's
         # network), or this machine before a reboot. After a reboot the owner is surely
@@ -196,8 +197,9 @@ class _Sightings:
                 table[key] = (value, now)
                 self._trim(table)
                 return 0.0
-            if seen[0] is _ANY:
-                table[key] = (value, seen[1])
+            # Move it to the newest end: a lease being watched is trimmed last.
+            del table[key]
+            table[key] = (value, seen[1])
             return now - seen[1]
 
     def _trim(self, table: dict[Any, tuple[Any, float]]) -> None:
@@ -260,6 +262,7 @@ class _Held:
     owner: str
     lease_seconds: float
     renew_at: float  # monotonic time: a step of the wall clock must not delay a renewal
+    until: float  # the lease end last written: a renewal never moves it back (see _renew)
     lost: bool = False
 
 
@@ -300,7 +303,8 @@ class LeaseKeeper:
         # thread could pick its sleep from _held before this entry, and then clear the
         # wake-up this sets, sleeping past this lease's renewal.
         with self._lock:
-            self._held[effect_id] = _Held(fence, owner, lease_seconds, renew_at)
+            until = self.clock.now() + lease_seconds  # what the claim just wrote, or more
+            self._held[effect_id] = _Held(fence, owner, lease_seconds, renew_at, until)
             start = self._thread is None
             if not start and renew_at < self._sleep_until:
                 self._wake.set()  # it sleeps past this lease's renewal
@@ -339,7 +343,12 @@ class LeaseKeeper:
         return len(due)
 
     def _renew(self, effect_id: str, held: _Held) -> bool:
-        until = self.clock.now() + held.lease_seconds
+        # Never an earlier end than the last one written, and always a new one. A judge
+        # reads the lease's length as its end minus the claim's time (unrenewed_span): after
+        # a backward step of the clock, now + lease would shorten that reading, and a judge
+        # would give the keeper less time than it takes to renew. And a judge sees a
+        # renewal only as a changed end, so an end held back still moves a little.
+        until = max(self.clock.now() + held.lease_seconds, held.until + 0.001)
         try:
             ok = self.ledger.renew_lease(effect_id, held.fence, held.owner, until)
         except Exception:
@@ -348,6 +357,7 @@ class LeaseKeeper:
             return False
         mono = self._monotonic()
         if ok:
+            held.until = until
             held.renew_at = mono + renew_interval(held.lease_seconds)
             _SIGHTINGS.note(self.clock, ("lease", effect_id, held.fence), until)
         else:

@@ -161,6 +161,23 @@ def test_another_uid_reads_a_live_root_process_as_alive() -> None:
 # -- C: one hostname, two machines ---------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "{host}:100000000000000000000:-",  # os.kill raised OverflowError: every sweep failed
+        "{host}:{pid}:.123",  # no namespace: a live pid was "another process now"
+        "{host}:{pid}:abc.def",
+        "{host}:{pid}:1.2.3.4",
+        "{host}:\u0663:-",  # a digit to str.isdigit, not to int()
+        "{host}:-1:-",
+        "{host}:{pid}:",
+    ],
+)
+def test_an_owner_of_odd_shape_cannot_be_judged(shape: str) -> None:
+    owner = shape.format(host=HOST, pid=dead_pid())
+    assert dead_owner(owner) is None
+
+
 def test_an_owner_from_another_boot_cannot_be_judged() -> None:
     """A cloned VM or a host-network container has our hostname and the same initial pid
     namespace inode; its pids are not ours. Another boot id: cannot judge."""
@@ -296,10 +313,40 @@ def test_a_backward_step_does_not_stop_the_keeper(store: Store) -> None:
         clock.step(-3600)
         clock.advance(20)  # a third of the lease passed: renewed, not an hour later
         wait_until(lambda: agent.get(effect_id).lease_expires_at != before, "a renewal")
-        assert agent.get(effect_id).lease_expires_at == clock.now() + 60
+        # Renewed, and never to an earlier end than the claim wrote (see the next test).
+        assert before < agent.get(effect_id).lease_expires_at < before + 1
     finally:
         release.set()
     assert first.result(timeout=20) == {"charge_id": "ch_o-1"}
+
+
+def test_a_step_back_then_forward_expires_no_live_lease(store: Store) -> None:
+    # A judge reads a lease's length as its end minus the claim's time. Stepped back 59 s
+    # after the claim, a renewal to now + 60 would make that 21 s, and the judge would give
+    # the keeper 10.5 s to renew where it takes 20: after a step forward, a live call was
+    # expired (found by an attack script running two processes on one stepped clock).
+    clock = FakeClock()
+    agent = OpenOnce(store, clock=clock, wait_seconds=600)
+    charge, entered, release, calls = blocking_charge(agent, lease_seconds=60)
+    first = in_thread(charge, "o-1")
+    try:
+        assert entered.wait(10)
+        effect_id = only_id(store)
+        before = agent.get(effect_id).lease_expires_at
+        clock.step(-59)
+        clock.advance(20)  # the keeper's first renewal, on the stepped clock
+        wait_until(lambda: agent.get(effect_id).lease_expires_at != before, "a renewal")
+        clock.step(3600)  # and forward: every lease's end is in the past
+        other = OpenOnce(store, clock=clock)
+        clock.advance(11)  # longer than 1.5 x a third of 21 s, shorter than the keeper's 20
+        assert other.expire_leases() == []
+        assert other.get(effect_id).state == S.STARTED
+        release.set()
+        assert first.result(timeout=20) == {"charge_id": "ch_o-1"}
+    finally:
+        release.set()
+    assert calls == ["o-1"]
+    assert other.get(effect_id).state == S.COMMITTED
 
 
 def test_a_step_does_not_spend_the_stale_call_grace(store: Store) -> None:
