@@ -73,7 +73,6 @@ from tests.support.daemon import (  # noqa: E402
     migrate,
     spawn,
     start_beat,
-    start_worker,
 )
 
 S = EffectState
@@ -82,12 +81,14 @@ BOTH, PG = ("sqlite", "postgres"), ("postgres",)
 KINDS: dict[str, tuple[tuple[str, ...], float]] = {
     "kill_agent": (BOTH, 3),
     "kill_in_flight": (BOTH, 1),
-    "stop_agent": (BOTH, 3),
+    "stop_agent": (BOTH, 2.5),
+    "stop_agent_long": (BOTH, 0.5),
     "kill_reconciler": (BOTH, 1.5),
     "stop_reconciler": (BOTH, 1.5),
     "fork_prefork": (BOTH, 1),
     "fork_orphan": (BOTH, 1),
     "clock_step": (BOTH, 2),
+    "reconciler_clock_step": (BOTH, 1),
     "pg_terminate": (PG, 2),
     "proxy_drop_commit": (PG, 2),
     "proxy_delay": (PG, 1.5),
@@ -97,18 +98,19 @@ KINDS: dict[str, tuple[tuple[str, ...], float]] = {
     "provider_429": (BOTH, 1.5),
     "provider_5xx": (BOTH, 1.5),
     "provider_slow": (BOTH, 1.5),
+    "provider_stall": (BOTH, 1),
     "probe_errors": (BOTH, 1.5),
     "person": (BOTH, 4),
 }
 GROUPS = {
     "kill": ("kill_agent", "kill_in_flight", "kill_reconciler"),
-    "stop": ("stop_agent", "stop_reconciler"),
+    "stop": ("stop_agent", "stop_agent_long", "stop_reconciler"),
     "fork": ("fork_prefork", "fork_orphan"),
-    "clock": ("clock_step",),
+    "clock": ("clock_step", "reconciler_clock_step"),
     "pg": ("pg_terminate", "proxy_drop_commit", "proxy_delay"),
     "redis": ("redis_restart",),
     "provider": ("provider_lost_reply", "provider_no_answer", "provider_429", "provider_5xx",
-                 "provider_slow", "probe_errors"),
+                 "provider_slow", "provider_stall", "probe_errors"),
     "person": ("person",),
 }  # fmt: skip
 # Kinds that find violations in the current library go here, off by default until the
@@ -157,6 +159,9 @@ class Config:
     idempotency: bool = True
     workers: int = 2
     keep: bool = False
+    # SQLite: reconciler loop worker-1 runs as this uid (dropped after start, as `celery
+    # --uid` does) when the soak runs as root; None: every process runs as the soak's user.
+    reconciler_uid: int | None = None
 
 
 @dataclass
@@ -183,7 +188,12 @@ def schedule(cfg: Config) -> list[Event]:
         kind = rng.choices(kinds, weights)[0]
         events.append(Event(round(t, 2), kind, _params(kind, rng, cfg)))
         t += rng.expovariate(1.0 / cfg.mean_gap)
-    return events
+    # Every kind asked for happens at least once (a rare kind can miss a short run).
+    seen = {e.kind for e in events}
+    for kind in (k for k in kinds if k not in seen and cfg.duration > 6.0):
+        at = round(rng.uniform(2.0, cfg.duration - 4.0), 2)
+        events.append(Event(at, kind, _params(kind, rng, cfg)))
+    return sorted(events, key=lambda e: e.at)
 
 
 def _params(kind: str, rng: random.Random, cfg: Config) -> dict[str, Any]:
@@ -192,11 +202,12 @@ def _params(kind: str, rng: random.Random, cfg: Config) -> dict[str, Any]:
     match kind:
         case "kill_agent":
             return {"agent": agent, "restart_after": round(rng.uniform(0.2, 2.0), 2)}
-        case "stop_agent":
-            # Mostly inside a lease plus the stale-call grace (a stopped call the reconciler
-            # must wait for); now and then far past it (only the provider's backstop helps).
-            long = rng.random() < 0.15
+        case "stop_agent" | "stop_agent_long":
+            # Inside a lease plus the stale-call grace (a stopped call the reconciler must
+            # wait for); or, stop_agent_long, far past it (only the provider's backstop
+            # helps, so `--no-provider-idempotency` runs leave it out).
             top = cfg.lease + cfg.stale_grace
+            long = kind == "stop_agent_long"
             seconds = rng.uniform(top, top + 10) if long else rng.uniform(0.3, top * 0.8)
             return {"agent": agent, "seconds": round(seconds, 2)}
         case "kill_in_flight":
@@ -208,10 +219,21 @@ def _params(kind: str, rng: random.Random, cfg: Config) -> dict[str, Any]:
         case "stop_reconciler":
             return {"worker": worker, "seconds": round(rng.uniform(0.5, 8.0), 2)}
         case "fork_prefork" | "fork_orphan":
-            return {"life": round(rng.uniform(4.0, 10.0), 1)}
+            # The parent closes its client (prefork: after parent_life; orphan: at once, and
+            # exits) while its children still call.
+            # SQLite: half of them on a ledger of the family's own, where nobody else holds
+            # the database open and the parent's close is its last one.
+            life = round(rng.uniform(4.0, 10.0), 1)
+            return {"life": life, "children": rng.randint(2, 4),
+                    "parent_life": round(life * rng.uniform(0.1, 0.5), 1),
+                    "own_ledger": rng.random() < 0.5}  # fmt: skip
         case "clock_step":
             return {"agent": agent, "offset": round(rng.choice((-1, 1)) * rng.uniform(2, 60), 1),
                     "seconds": round(rng.uniform(2.0, 15.0), 1)}  # fmt: skip
+        case "reconciler_clock_step":
+            # The reconciler's host clock steps an hour (mostly forward), then back.
+            return {"worker": worker, "offset": rng.choice((3600, 3600, -3600)),
+                    "seconds": round(rng.uniform(3.0, 12.0), 1)}  # fmt: skip
         case "pg_terminate":
             return {"backends": rng.randint(1, 4)}
         case "proxy_drop_commit":
@@ -232,6 +254,11 @@ def _params(kind: str, rng: random.Random, cfg: Config) -> dict[str, Any]:
             return {"requests": rng.randint(1, 2), "executed": rng.random() < 0.6}
         case "provider_slow":
             return {"requests": rng.randint(1, 5), "delay": round(rng.uniform(0.3, 3.0), 2)}
+        case "provider_stall":
+            # Held past the reconciler's grace, inside the stale-call grace, its caller alive
+            # (it gives up after 2 s and records UNKNOWN): the probe's miss is young.
+            low, high = cfg.grace + 0.5, max(cfg.grace + 1.0, cfg.stale_grace - 1.0)
+            return {"requests": rng.randint(1, 2), "delay": round(rng.uniform(low, high), 2)}
         case "probe_errors":
             return {"requests": rng.randint(2, 12), "status": rng.choice((429, 503, 500))}
         case "person":
@@ -284,6 +311,8 @@ class Soak:
         self.person_did: Counter[str] = Counter()
         self.agents: dict[str, Proc] = {}
         self.extras: list[Proc] = []  # fork agents
+        self.fork_ledgers: list[str] = []  # SQLite ledgers of a fork family's own
+        self.fork_clients: list[tuple[OpenOnce, Payer, Any]] = []  # opened for the drain
         self.reconcilers: dict[str, Proc] = {}
         self.beat: Proc | None = None
         self.redis: Proc | None = None
@@ -349,9 +378,19 @@ class Soak:
             self.oo = OpenOnce(PostgresStore(self.direct, max_size=3), wait_seconds=3.0)
         else:
             self.direct = self.via_proxy = str(self.out / "ledger.db")
+            if self.cfg.reconciler_uid is not None:
+                # A reconciler runs as another user: the ledger (and the -wal and -shm files
+                # SQLite makes with the database file's mode) and its folder writable by it.
+                os.umask(0)
+                self.out.chmod(0o777)
+                Path(self.direct).touch(0o666)
+                Path(self.direct).chmod(0o666)
             self.oo = OpenOnce(self.direct, wait_seconds=3.0)  # installs the ledger schema
             self.denv = daemon_env(self.direct, **env_extra)
             migrate(self.denv)
+            for f in self.out.glob("ledger.db*"):
+                if self.cfg.reconciler_uid is not None:
+                    f.chmod(0o666)
             for i in range(self.cfg.workers):  # two loops: the console's and the daemon's
                 self.start_reconciler(f"worker-{i}")
         self.payer = Payer(self.oo, self.provider.url)
@@ -374,26 +413,41 @@ class Soak:
         raise RuntimeError("the soak's redis-server did not start")
 
     def start_reconciler(self, name: str) -> None:
+        """A Celery worker (Postgres) or a ``manage.py reconcile --watch`` loop (SQLite),
+        run through ``soak_reconciler.py``: its clock follows ``clock-<name>``, and on
+        SQLite ``worker-1`` runs as ``reconciler_uid``."""
         if self.cfg.store == "postgres":
-            proc = start_worker(name, self.denv, self.logs, concurrency=1, loglevel="warning")
+            argv = ["-m", "celery", "-A", "openonce_site", "worker", "-l", "warning",
+                    "-P", "prefork", "--concurrency", "1",
+                    "-n", f"{name}-{os.urandom(3).hex()}@%h",
+                    "--without-mingle", "--without-gossip", "--without-heartbeat"]  # fmt: skip
         else:
-            proc = spawn(name, [PYTHON, str(REPO / "manage.py"), "reconcile", "--watch",
-                                "--interval", "1"], self.denv, self.logs)  # fmt: skip
-        self.reconcilers[name] = proc
+            argv = [str(REPO / "manage.py"), "reconcile", "--watch", "--interval", "1"]
+        uid = self.cfg.reconciler_uid if name == "worker-1" and self.cfg.store == "sqlite" else None
+        spec = {"argv": argv, "clock_file": str(self.out / f"clock-{name}"), "uid": uid}
+        self.reconcilers[name] = spawn(
+            name,
+            [PYTHON, str(BENCH / "soak_reconciler.py"), json.dumps(spec)],
+            self.denv,
+            self.logs,
+        )
 
-    def agent_cfg(self, name: str, mode: str = "loop", life: float = 0.0) -> dict[str, Any]:
+    def agent_cfg(
+        self, name: str, mode: str = "loop", life: float = 0.0, **extra: Any
+    ) -> dict[str, Any]:
         return {
             "name": name, "mode": mode, "fork_life": life, "target": self.via_proxy,
             "provider": self.provider.url, "seed": self.cfg.seed, "out": str(self.out),
             "stop_file": str(self.stop_file), "clock_file": str(self.out / f"clock-{name}"),
             "t0": self.t0, "key_rate": self.cfg.key_rate, "window": self.cfg.window,
             "pause": [0.02, 0.15], "lease_seconds": self.cfg.lease,
-            "policy": "person" in self.cfg.faults,
+            "policy": "person" in self.cfg.faults, **extra,
         }  # fmt: skip
 
-    def start_agent(self, name: str, mode: str = "loop", life: float = 0.0) -> Proc:
+    def start_agent(self, name: str, mode: str = "loop", life: float = 0.0, **extra: Any) -> Proc:
         env = {**self.denv, "PYTHONPATH": str(REPO)}
-        argv = [PYTHON, str(BENCH / "soak_agent.py"), json.dumps(self.agent_cfg(name, mode, life))]
+        spec = self.agent_cfg(name, mode, life, **extra)
+        argv = [PYTHON, str(BENCH / "soak_agent.py"), json.dumps(spec)]
         proc = spawn(f"agent-{name}", argv, env, self.logs)
         if mode == "loop":
             self.agents[name] = proc
@@ -440,7 +494,7 @@ class Soak:
                 self.later(p["restart_after"], "restart", lambda: self.start_agent(name))
             case "kill_in_flight":
                 self.provider.arm("stall", 1, delay=p["delay"])
-            case "stop_agent":
+            case "stop_agent" | "stop_agent_long":
                 self.pause(self.agents[names[p["agent"] % len(names)]], p["seconds"])
             case "kill_reconciler" | "stop_reconciler":
                 found = sorted(self.reconcilers)
@@ -454,10 +508,21 @@ class Soak:
                 else:
                     self.pause(proc, p["seconds"])
             case "fork_prefork" | "fork_orphan":
-                n = self.injected[kind]
-                self.start_agent(f"{kind[5:]}{n}", kind[5:], p["life"])
-            case "clock_step":
-                name = names[p["agent"] % len(names)]
+                name = f"{kind[5:]}{self.injected[kind]}"
+                extra: dict[str, Any] = {"children": p["children"],
+                                         "parent_life": p["parent_life"]}  # fmt: skip
+                if p["own_ledger"] and self.cfg.store == "sqlite":
+                    # Orders of its own (f-<name>-order-1..12) on a ledger of its own.
+                    ledger = self.out / f"fork-{name}.db"
+                    self.fork_ledgers.append(str(ledger))
+                    extra.update(target=str(ledger), prefix=f"f-{name}-", keys=12)
+                self.start_agent(name, kind[5:], p["life"], **extra)
+            case "clock_step" | "reconciler_clock_step":
+                if kind == "clock_step":
+                    name = names[p["agent"] % len(names)]
+                else:
+                    found = sorted(self.reconcilers)
+                    name = found[p["worker"] % len(found)]
                 path = self.out / f"clock-{name}"
                 path.write_text(str(p["offset"]))
                 self.later(p["seconds"], "clock back", lambda: path.write_text("0"))
@@ -487,7 +552,7 @@ class Soak:
                 self.provider.arm("429", p["requests"])
             case "provider_5xx":
                 self.provider.arm("500_after" if p["after_executing"] else "503", p["requests"])
-            case "provider_slow":
+            case "provider_slow" | "provider_stall":
                 self.provider.arm("slow", p["requests"], delay=p["delay"])
             case "probe_errors":
                 headers = {"Retry-After": "1"} if p["status"] == 429 else {}
@@ -606,6 +671,9 @@ class Soak:
         print(f"nemesis soak: store={cfg.store} seed={cfg.seed} duration={cfg.duration:g}s"
               f" agents={cfg.agents} out={self.out}")  # fmt: skip
         print(f"faults: {', '.join(k for k in cfg.faults if cfg.store in KINDS[k][0]) or 'none'}")
+        if cfg.store == "sqlite" and cfg.reconciler_uid is not None:
+            print(f"reconciler worker-1 runs as uid {cfg.reconciler_uid} (the agents as"
+                  f" uid {os.geteuid()}): their /proc/<pid>/ns/pid reads EACCES")  # fmt: skip
         print(f"schedule ({len(plan)} events, also in {self.out / 'schedule.txt'}):")
         for e in plan[:200]:
             print("  " + str(e))
@@ -650,22 +718,55 @@ class Soak:
         record = (self.out / "agent-drain.jsonl").open("a", encoding="utf-8")
         deadline = time.monotonic() + self.cfg.drain
         open_states = [S.PLANNED, S.APPROVED, S.STARTED, S.UNKNOWN]
+        self.fork_clients = [self.open_fork_ledger(path) for path in self.fork_ledgers]
+        ledgers = [(self.oo, self.payer, None), *self.fork_clients]
         while True:
             if "person" in self.cfg.faults:
                 self.person(0.0, resolve=False)
-            left = self.oo.store.list_effects(open_states, 10_000)
+            left = []
+            for oo, payer, reconciler in ledgers:
+                if reconciler is not None:  # a fork family's ledger: reconciled here
+                    try:
+                        reconciler.run_once()
+                    except Exception as exc:
+                        self.notes[f"fork ledger reconcile: {type(exc).__name__}"] += 1
+                found = oo.store.list_effects(open_states, 10_000)
+                left += found
+                for effect in found:
+                    if effect.state in (S.PLANNED, S.APPROVED) and time.monotonic() < deadline:
+                        line = payer.call(effect.args["order"])
+                        record.write(json.dumps({**line, "drain": True}, sort_keys=True) + "\n")
+                        record.flush()
             if not left:
                 self.log("drained")
                 return True
             if time.monotonic() > deadline:
                 self.log(f"drain timed out with {len(left)} effects open")
                 return False
-            for effect in left:
-                if effect.state in (S.PLANNED, S.APPROVED):
-                    line = self.payer.call(effect.args["order"])
-                    record.write(json.dumps({**line, "drain": True}, sort_keys=True) + "\n")
-                    record.flush()
             time.sleep(1.0)
+
+    def open_fork_ledger(self, path: str) -> tuple[OpenOnce, Payer, Any]:
+        """A fork family's own ledger, for the drain: a client, and the core's Reconciler
+        built as ``manage.py reconcile`` builds it (same probers and grace windows)."""
+        import inspect
+
+        from openonce_core.wiring import build_reconciler
+
+        for key in ("OPENONCE_TEST_STRIPE_URL", "OPENONCE_TEST_STRIPE_KEY",
+                    "OPENONCE_TEST_STRIPE_TIMEOUT", "OPENONCE_TEST_STRIPE_RPS"):  # fmt: skip
+            os.environ[key] = self.denv[key]
+        oo = OpenOnce(path, wait_seconds=3.0)
+        options: dict[str, Any] = {
+            "grace_seconds": self.cfg.grace, "stale_call_grace": self.cfg.stale_grace,
+            "dead_owner_grace": self.cfg.stale_grace, "probe_timeout": 5.0,
+            "probe_retries": 2, "owner": "soak-drain",
+        }  # fmt: skip
+        accepted = inspect.signature(build_reconciler).parameters  # older cores lack some
+        reconciler = build_reconciler(
+            oo, probers="tests.support.provider_probers:PROBERS",
+            **{k: v for k, v in options.items() if k in accepted},
+        )  # fmt: skip
+        return oo, Payer(oo, self.provider.url), reconciler
 
     # -- the verdict -------------------------------------------------------------------------
 
@@ -687,16 +788,18 @@ class Soak:
                         agents.append(json.loads(raw))
         effects = []
         journals: dict[str, list[dict[str, Any]]] = {}
-        for e in self.oo.store.list_effects(None, 1_000_000):
-            effects.append({
-                "id": e.id, "order": e.args.get("order"), "state": str(e.state),
-                "result": e.result, "provider_key": e.provider_key, "updated_at": e.updated_at,
-            })  # fmt: skip
-            journals[e.id] = [
-                {"action": j.action, "from_state": j.from_state, "to_state": j.to_state,
-                 "actor": j.actor, "reason": j.reason, "at": j.at, "evidence": j.evidence}
-                for j in self.oo.store.journal(e.id)
-            ]  # fmt: skip
+        for oo in [self.oo, *(c[0] for c in self.fork_clients)]:
+            for e in oo.store.list_effects(None, 1_000_000):
+                effects.append({
+                    "id": e.id, "order": e.args.get("order"), "state": str(e.state),
+                    "result": e.result, "provider_key": e.provider_key,
+                    "updated_at": e.updated_at,
+                })  # fmt: skip
+                journals[e.id] = [
+                    {"action": j.action, "from_state": j.from_state, "to_state": j.to_state,
+                     "actor": j.actor, "reason": j.reason, "at": j.at, "evidence": j.evidence}
+                    for j in oo.store.journal(e.id)
+                ]  # fmt: skip
         return provider, agents, effects, journals
 
     def finish(self, drained: bool) -> int:
@@ -822,9 +925,10 @@ class Soak:
             self.beat.stop(grace=3)
         if self.redis is not None:
             self.redis.kill9()
-        if self.oo is not None:
-            with contextlib.suppress(Exception):
-                self.oo.close()
+        for oo in [self.oo, *(c[0] for c in self.fork_clients)]:
+            if oo is not None:
+                with contextlib.suppress(Exception):
+                    oo.close()
         if self.proxy is not None:
             self.proxy.stop()
         self.provider.stop()
@@ -855,16 +959,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-provider-idempotency", action="store_true",
                     help="the provider executes every request (no Stripe backstop)")  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="keep the Postgres database")
+    ap.add_argument("--reconciler-uid", default="auto",
+                    help="SQLite: run reconciler worker-1 as this uid ('auto': 65534 when run"
+                    " as root, else nobody else; 'none': as the soak's user)")  # fmt: skip
     args = ap.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     stores = ("sqlite", "postgres") if args.store == "both" else (args.store,)
     code = 0
+    if args.reconciler_uid == "auto":
+        other_uid = 65534 if os.geteuid() == 0 else None
+    else:
+        other_uid = None if args.reconciler_uid == "none" else int(args.reconciler_uid)
     for store in stores:
         out = str(Path(args.out) / store) if args.out else ""
         cfg = Config(
             duration=args.duration, seed=args.seed, store=store, agents=args.agents,
             faults=parse_faults(args.faults), out=out, drain=args.drain,
             idempotency=not args.no_provider_idempotency, keep=args.keep,
+            reconciler_uid=other_uid,
         )  # fmt: skip
         code |= run(cfg)
     return code

@@ -17,9 +17,15 @@ that adds the offset (a host whose clock stepped). On Postgres the ledger's cloc
 database's, and the offset is added to ``time.time()`` of the whole process instead: the
 host's clock steps, which the core must not care about.
 
-Modes: ``loop`` (until ``stop_file`` exists), ``prefork`` (open the client, call, fork two
-children that call with the inherited client, parent goes on), ``orphan`` (the same, but
-the parent exits at once while its children run).
+Modes: ``loop`` (until ``stop_file`` exists); ``prefork`` (on the soak's ledger, or on a
+SQLite ledger of the family's own, where the parent's client is the only one): open the
+client, call, fork ``children`` workers that record effects with the inherited client, go
+on calling for ``parent_life`` seconds, then close the client (``oo.close()``) while the
+children still run, and wait for them; ``orphan``: the same, but the parent closes its
+client and exits (a normal exit, not ``os._exit``) right after forking, while its children
+run. On SQLite a parent's last close checkpoints the WAL and may delete ``-wal``/``-shm``:
+it must not do so under children that still write to them (the children's outcomes would
+vanish, and their keys run again).
 """
 
 from __future__ import annotations
@@ -199,7 +205,11 @@ class Record:
 
 
 def pick(rng: random.Random, cfg: dict[str, Any]) -> str:
-    """An order from the window that slides over the key space with the soak's time."""
+    """An order from the window that slides over the key space with the soak's time (or,
+    for a fork family on a ledger of its own, one of its ``keys`` orders ``<prefix>order-N``,
+    so its processes keep meeting and replaying each other's keys)."""
+    if cfg.get("prefix"):
+        return f"{cfg['prefix']}order-{rng.randint(1, cfg['keys'])}"
     elapsed = time.monotonic() - cfg["t0"]
     head = int(elapsed * cfg["key_rate"]) + 1
     low = max(0, head - cfg["window"])
@@ -239,7 +249,7 @@ def main(cfg: dict[str, Any]) -> int:
     record = Record(out / f"agent-{name}.jsonl")
     record.write(payer.call(pick(rng, cfg)))
     children = []
-    for i in range(2):
+    for i in range(int(cfg.get("children", 2))):
         pid = os.fork()
         if pid == 0:
             code = 0
@@ -256,12 +266,16 @@ def main(cfg: dict[str, Any]) -> int:
                 os._exit(code)
         children.append(pid)
     if mode == "orphan":
-        os._exit(0)  # the parent is gone while its children run (and hold its client's copy)
-    loop(payer, record, rng, cfg, time.monotonic() + cfg["fork_life"])
+        # The parent closes its client and exits while its children run (and hold its
+        # client's copy): its close must leave their ledger alone.
+        time.sleep(0.3)
+        oo.close()
+        return 0
+    loop(payer, record, rng, cfg, time.monotonic() + cfg.get("parent_life", cfg["fork_life"]))
+    oo.close()  # while the children still run
     for pid in children:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
-    oo.close()
     return 0
 
 

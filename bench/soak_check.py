@@ -19,7 +19,11 @@ The invariants (ARCHITECTURE.md, "The nemesis"):
 * ``settled``: after the drain every effect is terminal or with a person (HUMAN_REVIEW,
   REQUIRES_APPROVAL);
 * ``journal_legal``: every journal replays from ``planned`` through legal moves of
-  ``openonce_core.states`` to the effect's state.
+  ``openonce_core.states`` to the effect's state;
+* ``owners_judged``: an owner the reconciler declared gone (an ``expire`` whose reason says
+  its process no longer exists or has exited) writes nothing to that effect's journal
+  afterwards: a dead process cannot, so a later line of it proves a live owner was read as
+  dead (its call re-armed while it still ran). Journal order, no clock needed.
 """
 
 from __future__ import annotations
@@ -33,7 +37,11 @@ from openonce_core.states import TERMINAL, EffectState, check_move, move_for
 
 S = EffectState
 WITH_A_PERSON = frozenset({S.HUMAN_REVIEW, S.REQUIRES_APPROVAL})
-INVARIANTS = ("executed_once", "outcomes_kept", "settled", "journal_legal", "resources")
+INVARIANTS = (
+    "executed_once", "outcomes_kept", "settled", "journal_legal", "owners_judged", "resources",
+)  # fmt: skip
+# How an ``expire`` line says that the attempt's owner process is gone (openonce_core.leases).
+OWNER_GONE = ("no longer exists", "has exited", "is another process now")
 
 
 @dataclass
@@ -186,6 +194,25 @@ def check(
                 "journal_legal", str(effect["order"]),
                 f"the journal replays to {replayed}, the effect is {effect['state']}", effect["id"],
             )  # fmt: skip
+
+    # owners_judged
+    for effect in effects:
+        owner = ""
+        declared_gone: str | None = None
+        for line in journals.get(effect["id"], []):
+            actor, reason = str(line.get("actor") or ""), str(line.get("reason") or "")
+            if line.get("action") in ("claim", "start"):
+                owner, declared_gone = actor, None
+            elif line.get("action") == "expire" and any(w in reason for w in OWNER_GONE):
+                verdict.checked["owners_judged"] += 1
+                declared_gone = owner
+            elif declared_gone and actor == declared_gone:
+                verdict.add(
+                    "owners_judged", str(effect["order"]),
+                    f"{actor} was declared gone, then wrote {line.get('action')!r}: a live"
+                    " owner read as dead", effect["id"],
+                )  # fmt: skip
+                declared_gone = None
     return verdict
 
 

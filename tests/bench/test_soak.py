@@ -120,6 +120,28 @@ def test_the_checker_catches_an_illegal_journal_and_one_that_disagrees() -> None
     assert any("replays to unknown, the effect is failed" in d for d in details)
 
 
+def test_the_checker_catches_a_live_owner_read_as_dead() -> None:
+    provider, agents, effects, journals = _world()
+    owner = "agent:vm:123:4026531836.99"
+    gone = "owner of attempt 1 is gone: process 123 on vm no longer exists"
+    journals["eff_2"] = [
+        {"action": "claim", "from_state": None, "to_state": "started", "actor": owner},
+        {"action": "expire", "from_state": "started", "to_state": "unknown",
+         "actor": "openonce", "reason": gone},
+        {"action": "note", "from_state": "unknown", "to_state": "unknown", "actor": owner,
+         "reason": "attempt 1 finished (unknown) after losing its lease"},
+        {"action": "probe_happened", "from_state": "unknown", "to_state": "receipt_recorded",
+         "actor": "reconciler:daemon"},
+        {"action": "check_receipt", "from_state": "receipt_recorded", "to_state": "committed",
+         "actor": "reconciler:daemon"},
+    ]  # fmt: skip
+    verdict = check(provider, agents, effects, journals)
+    assert [v.invariant for v in verdict.violations] == ["owners_judged"], verdict.violations
+    # A dead owner that stays silent is fine.
+    del journals["eff_2"][2]
+    assert check(provider, agents, effects, journals).ok
+
+
 def test_the_checker_catches_an_effect_left_in_flight() -> None:
     provider, agents, effects, journals = _world()
     effects.append({"id": "eff_3", "order": "order-3", "state": "unknown", "result": None})
@@ -155,6 +177,8 @@ def test_faults_are_picked_by_kind_group_and_exclusion() -> None:
         "kill_agent", "kill_in_flight", "kill_reconciler", "provider_slow",
     )  # fmt: skip
     assert "stop_agent" not in parse_faults("all,-stop")
+    assert "stop_agent" in parse_faults("all,-stop_agent_long,-provider_stall")
+    assert "reconciler_clock_step" in parse_faults("clock")
     assert "person" in parse_faults("all,-stop")
     assert parse_faults("none") == ()
     with pytest.raises(SystemExit):
@@ -163,24 +187,40 @@ def test_faults_are_picked_by_kind_group_and_exclusion() -> None:
 
 # -- a short run ----------------------------------------------------------------------------
 
-SHORT_FAULTS = "stop,provider,person,clock,kill_reconciler"
+SHORT_FAULTS = "stop,provider,person,clock,fork,kill_reconciler"
+# Seed 2 puts into 25 s the patterns that were sharpened to find bugs of the library before
+# b12c7f0's fixes (bench/README.md, "Nemesis soak"): a fork family on a ledger of its own
+# whose parent closes its client while the children record effects, the reconciler's clock
+# an hour ahead and back, a request held past the grace, and (as root) a reconciler loop
+# running as another uid, judged by owners_judged.
+SHORT_SEED = 2
+
+
+def test_the_short_run_exercises_the_patterns_that_found_known_bugs() -> None:
+    plan = schedule(Config(duration=25, seed=SHORT_SEED, store="sqlite",
+                           faults=parse_faults(SHORT_FAULTS)))  # fmt: skip
+    kinds = {e.kind for e in plan}
+    assert {"fork_prefork", "fork_orphan", "reconciler_clock_step", "provider_stall"} <= kinds
+    assert any(e.params.get("own_ledger") for e in plan if e.kind.startswith("fork_"))
+    assert any(e.params.get("offset") == 3600 for e in plan if e.kind == "reconciler_clock_step")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_short_soak_on_sqlite_passes_and_names_every_fault_it_injected(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCH / "soak.py"), "--store", "sqlite", "--seed", "7",
+        [sys.executable, str(BENCH / "soak.py"), "--store", "sqlite", "--seed", str(SHORT_SEED),
          "--duration", "25", "--drain", "25", "--faults", SHORT_FAULTS, "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=110, check=False,
     )  # fmt: skip
     out = done.stdout
     assert done.returncode == 0, out[-6000:] + done.stderr[-3000:]
-    assert "RESULT: PASS (seed 7)" in out
+    assert f"RESULT: PASS (seed {SHORT_SEED})" in out
     planned = set(re.findall(r"^  t=\s*[\d.]+s  (\w+)", out, re.MULTILINE))
     injected_block = out.split("faults injected:", 1)[1].split("calls:", 1)[0]
     injected = set(re.findall(r"^  (\w+)\s+\d+$", injected_block, re.MULTILINE))
     assert planned, out
     assert planned == injected, (planned, injected)
-    for name in ("executed_once", "outcomes_kept", "settled", "journal_legal", "resources"):
+    for name in ("executed_once", "outcomes_kept", "settled", "journal_legal", "owners_judged",
+                 "resources"):  # fmt: skip
         assert re.search(rf"^  {name}\s+OK", out, re.MULTILINE), out
