@@ -46,10 +46,14 @@ from .errors import (
 from .failures import (
     contains_secret,
     describe,
+    exception_text,
     last_error,
+    message_text,
     rebuild,
+    safe_text,
     scrub,
     storable,
+    type_name,
     undescribed,
 )
 from .keys import Call, provider_key
@@ -348,17 +352,20 @@ class CallPath:
             except BaseException as exc:
                 if isinstance(exc, HandlerNotStarted):
                     trace.outcome = "suspended"
-                    self._suspend(effect, f"the handler never started: {exc}", exc, call)
+                    self._suspend(
+                        effect, f"the handler never started: {message_text(exc)}", exc, call
+                    )
                     raise HandlerNotStartedError(effect.id, str(exc)) from exc
                 if _from_inner_effect(exc, effect):
                     trace.outcome = "suspended"
                     self._suspend(
-                        effect, f"an inner effect raised {type(exc).__name__}: {exc}", exc, call
+                        effect, f"an inner effect raised {exception_text(exc)}", exc, call
                     )
                     raise
                 try:
                     kind, why = self._classify(call, exc, ctx.sent)
                     error = describe(exc, str(kind), call.secrets, why)
+                    why = error.get("why", "")  # scrubbed and storable, like the rest
                 except Exception as problem:
                     # The attempt ran and must not stay STARTED: record what is certain.
                     kind = FailureClass.UNKNOWN
@@ -403,7 +410,10 @@ class CallPath:
             self._finish(call, effect, S.COMMITTED, "returned", value, result=result,
                          stored=stored, withheld=withheld)  # fmt: skip
             return value
-        problems = self._receipt_contract_problems(call.tool, value, call.stored_args)
+        problems = [
+            safe_text(scrub(p, call.secrets))
+            for p in self._receipt_contract_problems(call.tool, value, call.stored_args)
+        ]
         verdict = S.HUMAN_REVIEW if problems else S.COMMITTED
         # The call returned, so it happened; whether this receipt proves it was *this*
         # effect is the contract's call. A failed check keeps the value for a person.
@@ -467,8 +477,9 @@ class CallPath:
         next identical call runs it; the exception propagates as itself."""
         evidence = {
             "attempt": effect.attempt,
-            "cause": scrub(f"{type(exc).__name__}: {exc}", call.secrets),
+            "cause": scrub(exception_text(exc), call.secrets),
         }
+        why = safe_text(scrub(why, call.secrets))
         inner = getattr(exc, "effect_id", None)
         if inner:
             evidence["inner_effect"] = inner
@@ -544,10 +555,52 @@ class CallPath:
                 evidence=evidence, changes=changes, then=then,
             )  # fmt: skip
         except Exception as exc:
-            raise LedgerWriteError(effect.id, outcome, observed, repr(exc)) from exc
+            if not _about_the_data(exc):
+                raise LedgerWriteError(effect.id, outcome, observed, repr(exc)) from exc
+            # The store refused what we tried to write (text it cannot hold), not the
+            # connection: the attempt ran, so it must not stay STARTED until its lease
+            # runs out. Record UNKNOWN, described plainly, and say so.
+            self._finish_unstorable(call, effect, outcome, observed, exc)
+            raise LedgerWriteError(
+                effect.id, outcome, observed,
+                f"{type(exc).__name__} (the ledger could not hold the outcome; it was"
+                " recorded UNKNOWN instead)",
+            ) from exc  # fmt: skip
         if not done:
             final = then.to if then is not None else state
             self._late_result(call, effect, final, outcome, observed, changes, then)
+
+    def _finish_unstorable(
+        self, call: Call, effect: Effect, outcome: str, observed: Any, problem: Exception
+    ) -> None:
+        """The finish of an outcome the store could not hold: UNKNOWN, with nothing of the
+        observed value in it but its class."""
+        what = (
+            type_name(observed)
+            if isinstance(observed, BaseException)
+            else safe_text(type(observed).__name__)
+        )
+        why = (
+            f"the attempt's outcome ({outcome}, {what}) could not be stored"
+            f" ({type(problem).__name__}): it ran, so it may have happened"
+        )
+        error = {"type": what, "message": why, "args": None, "class": "unknown", "why": why}
+        evidence: dict[str, Any] = {"attempt": effect.attempt, "error": error}
+        changes: dict[str, Any] = {
+            "execution_status": "unknown",
+            "execution_evidence": evidence,
+            "result": None,
+            "error": error,
+        }
+        try:
+            done = self.ledger.move(
+                effect, "finish", S.UNKNOWN, actor=f"agent:{self.owner}", reason=why,
+                evidence=evidence, changes=changes,
+            )  # fmt: skip
+        except Exception as exc:
+            raise LedgerWriteError(effect.id, outcome, observed, repr(exc)) from problem
+        if not done:
+            self._late_result(call, effect, S.UNKNOWN, "unknown", observed, changes)
 
     def _late_result(
         self,
@@ -700,6 +753,21 @@ def _agrees(current: Effect, same_attempt: bool, outcome: str) -> bool:
     # Committed by a probe or a person: a return or a "may have happened" agrees; a
     # refusal from the provider would contradict the receipt.
     return current.state == S.COMMITTED and outcome in ("returned", "unknown")
+
+
+def _about_the_data(exc: BaseException) -> bool:
+    """Whether a failed write failed on what it was to write (text a store cannot hold:
+    a lone surrogate, a NUL on Postgres), not on the connection or the database."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 8:
+        if isinstance(current, UnicodeError) or any(
+            c.__name__ == "DataError" for c in type(current).__mro__
+        ):
+            return True
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return False
 
 
 def _outcome_of(exc: BaseException) -> str:

@@ -25,25 +25,30 @@ def describe(
     exc: BaseException, kind: str, secrets: tuple[str, ...], why: str = ""
 ) -> dict[str, Any]:
     """The JSON record of a handler's exception: its class, message, arguments (when they
-    are JSON, so the same exception can be raised on replay), class and causes."""
-    cls = type(exc)
+    are JSON, so the same exception can be raised on replay), class and causes.
+
+    Every text in it is storable on every store: a lone surrogate (what ``os.fsdecode``
+    makes of a non-UTF-8 file name) or a NUL (which Postgres text cannot hold) in a
+    message, a reason or a class's name is written escaped (:func:`safe_text`). The
+    arguments are kept exactly, or not at all: they are JSON (NUL is written ``\\u0000``)
+    and refused by the JSON check when they hold a lone surrogate."""
     args: Any = scrub(_plain(list(exc.args)), secrets)
     try:
         check_json(args)
     except InvalidArgumentsError:
         args = None
     doc: dict[str, Any] = {
-        "type": f"{cls.__module__}.{cls.__qualname__}",
-        "message": _cut(scrub(_text(exc), secrets)),
+        "type": type_name(exc),
+        "message": _cut(safe_text(scrub(_text(exc), secrets))),
         "args": args,
-        "class": kind,
+        "class": safe_text(kind),
     }
     if why:
-        doc["why"] = _cut(scrub(why, secrets))
+        doc["why"] = _cut(safe_text(scrub(why, secrets)))
     causes = [
         {
-            "type": f"{type(c).__module__}.{type(c).__qualname__}",
-            "message": _cut(scrub(_text(c), secrets), 500),
+            "type": type_name(c),
+            "message": _cut(safe_text(scrub(_text(c), secrets)), 500),
         }
         for c in chain(exc)[1:]
     ]
@@ -52,12 +57,51 @@ def describe(
     return doc
 
 
+def safe_text(text: Any) -> str:
+    """``text`` as every store can hold it: a NUL written ``\\x00``, a lone surrogate
+    ``\\udcff`` (backslashreplace). Text that needs neither is returned as it is."""
+    out: str = text if type(text) is str else _str(text)
+    if "\x00" in out:
+        out = out.replace("\x00", "\\x00")
+    try:
+        out.encode("utf-8")
+    except UnicodeEncodeError:
+        out = out.encode("utf-8", "backslashreplace").decode("utf-8")
+    return out
+
+
+def type_name(exc: BaseException) -> str:
+    """``module.QualifiedName`` of the exception's class, storable (:func:`safe_text`)."""
+    cls = type(exc)
+    module = getattr(cls, "__module__", None)
+    qualname = getattr(cls, "__qualname__", None) or getattr(cls, "__name__", "?")
+    return safe_text(f"{_str(module)}.{_str(qualname)}")
+
+
+def exception_text(exc: BaseException) -> str:
+    """``Type: message`` of ``exc`` for a reason or a journal line: never raises, and
+    storable."""
+    return safe_text(f"{_str(type(exc).__name__)}: {_text(exc)}")
+
+
+def message_text(exc: BaseException) -> str:
+    """The message of ``exc`` for a reason or a journal line: never raises, and storable."""
+    return safe_text(_text(exc))
+
+
+def _str(value: Any) -> str:
+    try:
+        return value if type(value) is str else str(value)
+    except Exception:
+        return "?"
+
+
 def undescribed(exc: BaseException, why: str) -> dict[str, Any]:
     """The record of an exception :func:`describe` could not read: its class and why, not
     its message (which may hold a secret that could not be scrubbed)."""
-    cls = type(exc)
+    why = safe_text(why)
     return {
-        "type": f"{cls.__module__}.{cls.__qualname__}",
+        "type": type_name(exc),
         "message": why,
         "args": None,
         "class": "unknown",

@@ -37,6 +37,7 @@ from typing import Any
 from .canonical import check_json
 from .clock import Clock
 from .errors import InvalidArgumentsError, ProbeCredentialError, ProbeError, ProbeTransientError
+from .failures import safe_text
 from .leases import HOST, dead_owner, lease_lapsed, stopped_for
 from .ledger import Then
 from .probe import ProbeOutcome, Prober, ProbeResult
@@ -644,7 +645,9 @@ class Reconciler:
         ``{"stripe_id": ...}``), so identity is compared: every identity field of the
         receipt (its capability's required receipt fields; without one, all its fields)
         is carried by the result under the same name or, for an object returned whole, as
-        one of its top-level values (a Stripe object's ``id``)."""
+        the result's own identity, its ``id`` (a Stripe object's), for a receipt field that
+        names an id (``id``, ``stripe_id``, ``message_id``). Any other value of the result
+        is not its identity: ``{"id": "ch_2", "refund_of": "ch_1"}`` is not ``ch_1``."""
         if committed == receipt:
             return True
         if not isinstance(committed, Mapping) or not isinstance(receipt, Mapping):
@@ -661,7 +664,11 @@ class Reconciler:
             if name in committed:
                 if not same(committed[name], wanted):
                     return False
-            elif not any(same(value, wanted) for value in committed.values()):
+            elif not (
+                (name == "id" or str(name).endswith("_id"))
+                and "id" in committed
+                and same(committed["id"], wanted)
+            ):
                 return False
         return bool(fields)
 
@@ -745,10 +752,11 @@ def _prober_failure(exc: BaseException) -> ProbeResult:
                 observed["not_sent"] = True
         return ProbeResult(
             ProbeOutcome.INCONCLUSIVE,
-            detail=f"{type(exc).__name__}: {exc}"[:500],
+            detail=f"{type(exc).__name__}: {safe_text(exc)}"[:500],
             observed=observed,
         )
-    return _inconclusive(f"prober raised {type(exc).__name__}: {exc}"[:500], error=True)
+    # A prober's own words become a journal reason: escaped so every store can hold them.
+    return _inconclusive(f"prober raised {type(exc).__name__}: {safe_text(exc)}"[:500], error=True)
 
 
 def _inconclusive(

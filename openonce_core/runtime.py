@@ -17,6 +17,7 @@ import concurrent.futures
 import contextvars
 import functools
 import os
+import re
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -140,6 +141,7 @@ class OpenOnce(Contracts, CallPath, Decisions):
         clock: Clock | None = None,
         observers: Iterable[Observer] = (),
     ) -> None:
+        _check_owner(owner)
         self.store: Store = (
             target if not isinstance(target, str) else open_store(target, clock=clock)
         )
@@ -347,6 +349,38 @@ def _check_schema(store: Store) -> None:
             f"ledger schema is at version {version}, this OpenOnce needs {SCHEMA_VERSION};"
             " run `openonce --db DSN migrate`"
         )
+
+
+MAX_OWNER = 256
+MAX_PID = 2**22  # Linux's PID_MAX_LIMIT
+_PID_LIKE = re.compile(r"\s*[+-]?[0-9]+\s*")
+
+
+def _check_owner(owner: object) -> None:
+    """Refuse an ``owner=`` the ledger cannot hold, or whose pid nothing could judge: it is
+    written on every lease and journal line, and ``host:pid:token`` is what dead-owner
+    detection reads (leases.process_owner makes the default)."""
+    if owner is None:
+        return
+    if type(owner) is not str:
+        raise ConfigurationError(f"owner must be a string, not {type(owner).__name__}")
+    if len(owner) > MAX_OWNER:
+        raise ConfigurationError(f"owner must be at most {MAX_OWNER} characters")
+    try:
+        check_text(owner, "owner")
+    except OpenOnceError as exc:
+        raise ConfigurationError(f"owner {owner!r}: {exc}") from None
+    if not owner.isprintable():
+        raise ConfigurationError(f"owner {owner!r} holds a control character")
+    parts = owner.rsplit(":", 2)
+    if len(parts) == 3 and _PID_LIKE.fullmatch(parts[1]):
+        pid = int(parts[1])
+        if not 1 <= pid <= MAX_PID:
+            raise ConfigurationError(
+                f"owner {owner!r} has the host:pid:token shape, but {parts[1].strip()} is no"
+                f" process id (1 to {MAX_PID}); leave owner= unset for this process's own"
+                " name, or pick one without that shape"
+            )
 
 
 def _pepper(given: bytes | str | None) -> bytes | None:

@@ -90,9 +90,10 @@ class ConnectionPool:
             collections.deque()
         )
         self._open: set[psycopg.Connection[Any]] = set()
+        # Connections lent when close() ran: closed as they come back, never lent again.
+        self._retired: set[psycopg.Connection[Any]] = set()
         self._size = 0  # open connections, lent or idle (changed under the condition)
         self._waiting = 0  # threads waiting for one (changed under the condition)
-        self._closed = False
 
     def _default_connect(self) -> psycopg.Connection[Any]:
         return psycopg.connect(
@@ -124,8 +125,6 @@ class ConnectionPool:
             self._waiting += 1
             try:
                 while True:
-                    if self._closed:
-                        raise psycopg.OperationalError("the ledger store is closed")
                     try:
                         conn, cur, _ = self._idle.pop()  # returned while we took the lock
                         if not (conn.closed or conn.broken):
@@ -159,7 +158,7 @@ class ConnectionPool:
         return conn, conn.cursor()
 
     def put(self, conn: psycopg.Connection[Any], cur: Any, *, broken: bool = False) -> None:
-        if broken or conn.closed or conn.broken or self._closed:
+        if broken or conn.closed or conn.broken or (self._retired and conn in self._retired):
             self._discard(conn)
             return
         self._idle.append((conn, cur, time.monotonic()))
@@ -172,18 +171,27 @@ class ConnectionPool:
             if conn in self._open:
                 self._open.discard(conn)
                 self._size -= 1
+            self._retired.discard(conn)
             self._cond.notify()
         _close_quietly(conn)
 
     def close(self) -> None:
+        """Close every connection: the idle ones now, those lent to a statement in flight as
+        it returns them (so the statement, say a call's finish, is not cut off). A later use
+        opens new ones, as the SQLite store reopens."""
+        idle: list[psycopg.Connection[Any]] = []
         with self._cond:
-            self._closed = True
-            conns = list(self._open)
-            self._open.clear()
-            self._idle.clear()
-            self._size = 0
+            while True:  # one pop at a time: a get() racing us keeps what it took
+                try:
+                    conn, _, _ = self._idle.pop()
+                except IndexError:
+                    break
+                idle.append(conn)
+                self._open.discard(conn)
+                self._size -= 1
+            self._retired |= self._open  # lent right now
             self._cond.notify_all()
-        for conn in conns:
+        for conn in idle:
             _close_quietly(conn)
 
     @property
@@ -244,7 +252,7 @@ class PostgresStore(sql.SQLStore):
         self._listener_conn: psycopg.Connection[Any] | None = None
         self._listener_ready = threading.Event()
         self._listener_lock = threading.Lock()
-        self._closing = False
+        self._listener_stop = threading.Event()  # the running listener's; set by close()
         self._token = uuid.uuid4().hex[:16]  # names this process's waiter registrations
 
     def after_fork(self) -> None:
@@ -502,22 +510,28 @@ class PostgresStore(sql.SQLStore):
 
     def _ensure_listener(self) -> None:
         with self._listener_lock:
-            if self._listener is None or not self._listener.is_alive():
+            if (
+                self._listener is None
+                or not self._listener.is_alive()
+                or self._listener_stop.is_set()  # closed: a later use listens anew
+            ):
                 self._listener_ready.clear()
+                self._listener_stop = threading.Event()
                 self._listener = threading.Thread(
-                    target=self._listen, name="openonce-listen", daemon=True
-                )
+                    target=self._listen, args=(self._listener_stop,), name="openonce-listen",
+                    daemon=True,
+                )  # fmt: skip
                 self._listener.start()
         self._listener_ready.wait(10)
 
-    def _listen(self) -> None:
-        while not self._closing:
+    def _listen(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             try:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
                     self._listener_conn = conn
                     conn.execute(f"LISTEN {CHANNEL}")
                     self._listener_ready.set()
-                    while not self._closing:
+                    while not stop.is_set():
                         for note in conn.notifies(timeout=0.5):
                             self.board.wake(note.payload)
             except psycopg.Error:
@@ -527,7 +541,9 @@ class PostgresStore(sql.SQLStore):
                 time.sleep(0.5)
 
     def close(self) -> None:
-        self._closing = True
+        """Close every connection once its statement is done (the listener's within half
+        a second); a later use reopens, as on SQLite."""
+        self._listener_stop.set()
         self.pool.close()
 
 

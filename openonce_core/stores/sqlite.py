@@ -17,7 +17,11 @@ Two things SQLite cannot do, so the store refuses them or keeps them from happen
   commits vanish. So no connection of the store is open when the process forks: a thread
   uses its connection only while it holds its own lock, and just before ``fork`` the store
   takes every thread's lock (statements in flight finish first) and closes every
-  connection; parent and child reopen on their next use.
+  connection; parent and child reopen on their next use. The one connection that cannot
+  be closed is the forking thread's own when it forks from inside a statement (a signal
+  handler, a SQLite callback): the parent goes on with it, and the child, which inherited
+  its lock state, refuses the ledger's file for good (``ConfigurationError``), leaving the
+  inherited connection untouched: not used, not rolled back, never closed.
 * **One file under two names** (a hard link) **or on a network filesystem** (NFS, SMB, ...):
   SQLite names its WAL and finds its locks by the name, and its shared memory does not
   span hosts, so two writers would each see their own ledger and a key could run twice.
@@ -134,6 +138,42 @@ def refuse_hard_links(path: str) -> None:
         )
 
 
+# Files (device, inode) this process must not open: a connection to them crossed the fork
+# that made it, so SQLite's per-process lock state for them is the parent's (see above).
+_CROSSED: dict[tuple[int, int], str] = {}
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _crossed_message(path: str) -> str:
+    return (
+        f"the SQLite ledger {path!r} cannot be used in this process: a connection to it was"
+        " open in the forking thread at fork (a fork from inside a statement: a signal"
+        " handler, a SQLite callback), so this process inherited its parent's lock state"
+        " for the file and no connection it opens would take a real lock. The parent goes"
+        " on; do the child's ledger work in a process started afresh (multiprocessing's"
+        " 'spawn' or 'forkserver', or exec), or fork outside any ledger call"
+    )
+
+
+def _never_finalize(conns: list[sqlite3.Connection]) -> None:
+    """Keep inherited connections open, untouched, to the end of this process: closing one
+    (at exit, too) could roll back or checkpoint into the parent's files. Nothing may be
+    called on one, not even to disarm it: forked from inside a statement, its mutex is held
+    by a thread this process does not have."""
+    import ctypes
+
+    forksafe.abandon(conns)
+    for conn in conns:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(conn))  # never deallocated, even at exit
+
+
 class _Slot:
     """One thread's share of the store: its connection (None before its first use, and
     again after a close or a fork), and the lock the thread holds while it uses it. Only the
@@ -177,6 +217,10 @@ class SQLiteStore(sql.SQLStore):
             raise ValueError("SQLiteStore needs a file; use InMemoryStore for ':memory:'")
         if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
             raise ValueError("synchronous must be FULL, NORMAL or EXTRA (never OFF)")
+        if path not in (":memory:", ""):
+            # Reopened by this name later (a new thread, after a fork): a relative name
+            # would then follow the process's current directory to another file.
+            path = os.path.abspath(path)
         self.path = path
         self.synchronous = synchronous.upper()
         self.busy_timeout = busy_timeout
@@ -187,6 +231,10 @@ class SQLiteStore(sql.SQLStore):
         if path != ":memory:":
             refuse_network_filesystem(path)
             refuse_hard_links(path)
+        # Set in a child whose parent forked from inside a statement; kept for good (and
+        # into the child's own children): see _crossed_message.
+        self._refused: str | None = None
+        self._crossing = False  # this process is forking from inside a statement
         self._reset_process_state()
         forksafe.register(self)
 
@@ -206,22 +254,37 @@ class SQLiteStore(sql.SQLStore):
 
     def after_fork(self) -> None:
         # Normally nothing is open here (before_fork closed it all). A connection that
-        # crossed anyway (a fork from inside a statement) is never used nor closed.
-        forksafe.abandon(list(self._conns))
+        # crossed anyway (a fork from inside a statement, or a fork the hooks did not see)
+        # is never used nor closed, and this process refuses the file from now on.
+        crossed = list(self._conns)
+        self._crossing = False
+        if crossed:
+            _never_finalize(crossed)
+            self._refused = _crossed_message(self.path)
+            found = _file_id(self.path)
+            if found is not None:
+                _CROSSED[found] = self.path
         self._reset_process_state()
 
     def before_fork(self) -> None:
-        if self._close_all():
+        self._crossing = self._close_all()
+        if self._crossing:
             warnings.warn(
                 f"fork() from inside a statement on the SQLite ledger {self.path!r}: this"
-                " thread's connection stays open across the fork; the child must not use"
-                " the ledger",
+                " thread's connection stays open across the fork; the parent goes on with"
+                " it, the child refuses the ledger",
                 RuntimeWarning,
                 stacklevel=2,
             )
 
     def after_fork_in_parent(self) -> None:
+        self._crossing = False
         self._open_gate()
+
+    def _refuse(self) -> None:
+        """Raise if this process must not use the ledger (its lock state crossed a fork)."""
+        if self._refused is not None:
+            raise ConfigurationError(self._refused)
 
     # -- connections ----------------------------------------------------------------------
     #
@@ -233,6 +296,8 @@ class SQLiteStore(sql.SQLStore):
 
     def _enter(self) -> _Slot:
         """This thread's slot, locked: use ``slot.conn`` (or _connect), then release."""
+        if self._refused is not None:
+            self._refuse()
         try:
             slot = self._local.slot
         except AttributeError:
@@ -312,6 +377,8 @@ class SQLiteStore(sql.SQLStore):
             slot.lock.release()
 
     def _open(self) -> sqlite3.Connection:
+        if _CROSSED and _file_id(self.path) in _CROSSED:
+            raise ConfigurationError(_crossed_message(self.path))
         refuse_hard_links(self.path)  # also one made while the store was open
         conn = sqlite3.connect(
             self.path,
@@ -343,37 +410,54 @@ class SQLiteStore(sql.SQLStore):
     def _one(self, query: str, params: Sequence[Any]) -> Any:
         slot = self._enter()
         try:
+            pid = self._pid
             conn = slot.conn if slot.conn is not None else self._connect(slot)
-            return conn.execute(query, params).fetchone()
+            row = conn.execute(query, params).fetchone()
+            if pid != self._pid:
+                self._crossed_during_use()
+            return row
         finally:
             slot.lock.release()
 
     def _all(self, query: str, params: Sequence[Any]) -> list[Any]:
         slot = self._enter()
         try:
+            pid = self._pid
             conn = slot.conn if slot.conn is not None else self._connect(slot)
-            return conn.execute(query, params).fetchall()
+            rows = conn.execute(query, params).fetchall()
+            if pid != self._pid:
+                self._crossed_during_use()
+            return rows
         finally:
             slot.lock.release()
 
     def _write(self, work: Callable[[sqlite3.Connection], bool]) -> bool:
         slot = self._enter()
         try:
+            pid = self._pid
             conn = slot.conn if slot.conn is not None else self._connect(slot)
             conn.execute("BEGIN IMMEDIATE")
             try:
                 done = work(conn)
+                if pid != self._pid:
+                    self._crossed_during_use()
                 conn.execute("COMMIT" if done else "ROLLBACK")
             except BaseException:
                 # Also when COMMIT itself failed: leave no transaction open behind us, or
-                # every later BEGIN on this connection would fail.
-                if conn.in_transaction:
+                # every later BEGIN on this connection would fail. Never in a child this
+                # connection crossed into: there it is the parent's, and not ours to touch.
+                if pid == self._pid and conn.in_transaction:
                     with contextlib.suppress(sqlite3.Error):
                         conn.execute("ROLLBACK")
                 raise
             return done
         finally:
-            slot.lock.release()
+            with contextlib.suppress(RuntimeError):
+                slot.lock.release()
+
+    def _crossed_during_use(self) -> None:
+        """This use began in the parent and goes on in a child forked from inside it."""
+        raise ConfigurationError(self._refused or _crossed_message(self.path))
 
     # -- schema ---------------------------------------------------------------------------
 
