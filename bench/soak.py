@@ -804,7 +804,9 @@ class Soak:
 
     def finish(self, drained: bool) -> int:
         provider, agents, effects, journals = self.gather()
-        verdict = check(provider, agents, effects, journals)
+        # leases.unrenewed_span of the agents' lease: 1.5 renew intervals (a third of it).
+        verdict = check(provider, agents, effects, journals,
+                        unrenewed_span=1.5 * min(self.cfg.lease / 3, 60.0))  # fmt: skip
         bound = 4 * (self.cfg.agents + 6) + 12 * self.cfg.workers + 12
         check_resources(
             verdict, self.resources.get("start", {}), self.resources.get("end", {}),
@@ -876,7 +878,9 @@ class Soak:
         for name in INVARIANTS:
             bad = verdict.count(name)
             mark = "OK  " if not bad else "FAIL"
-            print(f"  {name:<15} {mark} checked {verdict.checked[name]:>6}, violations {bad}")
+            print(f"  {name:<16} {mark} checked {verdict.checked[name]:>6}, violations {bad}")
+        for figure, n in verdict.figures.items():
+            print(f"  figure: {figure}: {n}")
         print("resources (start -> end; long-lived processes):")
         start, end = self.resources.get("start", {}), self.resources.get("end", {})
         for name in sorted(set(start) | set(end)):

@@ -9,7 +9,9 @@ provider key, ``effect_metadata`` stamped on the PaymentIntent, for the prober).
 What it saw goes to ``<out>/agent-<name>.jsonl``, one JSON line per call, flushed before
 the next call (the kernel keeps it through a kill -9): ``o`` is the outcome (``ok`` with
 the result ``r`` and ``ran`` when this call's own handler ran, ``unknown``, ``failed``,
-``pending``, ``in_flight``, ``error`` with ``e``).
+``pending``, ``in_flight``, ``error`` with ``e``), with ``pid``, the real (unstepped) wall
+clock at its start ``t`` and end ``end``, and ``a``, the attempts its handler ran (the
+checker's ``live_leases_kept`` finds an expired attempt's call by pid, order and attempt).
 
 Clock faults: ``clock_file`` holds an offset in seconds that the nemesis writes. On SQLite
 the ledger's clock is this host's wall clock, so the agent's ``OpenOnce`` gets a clock
@@ -135,10 +137,12 @@ class Payer:
         self.oo = oo
         self.url = provider_url.rstrip("/") + "/v1/payment_intents"
         self.ran: dict[str, dict[str, Any]] = {}
+        self.attempts: dict[str, list[int]] = {}  # order -> the attempts its handler ran
 
         @oo.effect(tool="stripe.charge", idempotency_key=lambda order, amount: order)
         def charge(order: str, amount: int) -> dict[str, Any]:
             ctx = current_effect()
+            self.attempts.setdefault(order, []).append(ctx.attempt)
             time.sleep(random.uniform(0.0, PREPARE))  # the agent builds its request
             metadata = {**effect_metadata(ctx), "soak_key": order}
             form = {"amount": amount, "currency": "usd"}
@@ -170,6 +174,7 @@ class Payer:
         """One call; what it saw, as a record line."""
         amount = 100 + int(order.rsplit("-", 1)[1])
         self.ran.pop(order, None)
+        self.attempts.pop(order, None)
         line: dict[str, Any] = {"k": order, "t": round(_real_time(), 3), "pid": os.getpid()}
         try:
             result = self.charge(order, amount)
@@ -192,6 +197,9 @@ class Payer:
             line["o"] = "ok"
             line["r"] = result
             line["ran"] = self.ran.get(order) == result
+        line["end"] = round(_real_time(), 3)
+        if order in self.attempts:
+            line["a"] = self.attempts.pop(order)
         return line
 
 

@@ -23,7 +23,20 @@ The invariants (ARCHITECTURE.md, "The nemesis"):
 * ``owners_judged``: an owner the reconciler declared gone (an ``expire`` whose reason says
   its process no longer exists or has exited) writes nothing to that effect's journal
   afterwards: a dead process cannot, so a later line of it proves a live owner was read as
-  dead (its call re-armed while it still ran). Journal order, no clock needed.
+  dead (its call re-armed while it still ran). Journal order, no clock needed;
+* ``live_leases_kept``: a lease that ran out (an ``expire`` whose reason says the lease
+  expired, not that the owner is gone) was not expired while its owner still ran the call
+  before any judge could have found it lapsed. A judge expires a lease only once its end has
+  passed *and* it has watched that same lease un-renewed for ``unrenewed_span`` of its own
+  monotonic time (``leases.lease_lapsed``: 3 s for the soak's 6 s leases); the lease exists
+  from its claim, so no judge may expire it before it is that old, whatever happened to its
+  owner (stopped, starved, its database slowed or cut) or to any clock. So: when the owner
+  of the expired attempt wrote about it afterwards (a late result: the expire fell inside
+  its call) and that owner's call (an agent record with its pid, the order and the attempt)
+  lasted, on the real clock, less than ``unrenewed_span`` minus a margin, a live call was
+  expired early (a judge whose clock stepped forward read its lease as ended: b12c7f0). The
+  expires whose owner wrote afterwards but whose call was longer (or not found) are counted
+  in ``Verdict.figures``, not judged.
 """
 
 from __future__ import annotations
@@ -38,10 +51,14 @@ from openonce_core.states import TERMINAL, EffectState, check_move, move_for
 S = EffectState
 WITH_A_PERSON = frozenset({S.HUMAN_REVIEW, S.REQUIRES_APPROVAL})
 INVARIANTS = (
-    "executed_once", "outcomes_kept", "settled", "journal_legal", "owners_judged", "resources",
+    "executed_once", "outcomes_kept", "settled", "journal_legal", "owners_judged",
+    "live_leases_kept", "resources",
 )  # fmt: skip
 # How an ``expire`` line says that the attempt's owner process is gone (openonce_core.leases).
 OWNER_GONE = ("no longer exists", "has exited", "is another process now")
+# live_leases_kept: the margin below the unrenewed span (rounding of the records' times, the
+# gap between a call's first record and its claim, monotonic against wall clock).
+LIVE_MARGIN = 0.25
 
 
 @dataclass
@@ -60,6 +77,7 @@ class Violation:
 class Verdict:
     violations: list[Violation] = field(default_factory=list)
     checked: Counter[str] = field(default_factory=Counter)  # invariant -> items checked
+    figures: Counter[str] = field(default_factory=Counter)  # reported, never failing
 
     def add(self, invariant: str, order: str, detail: str, effect_id: str | None = None) -> None:
         self.violations.append(Violation(invariant, order, detail, effect_id))
@@ -101,8 +119,13 @@ def check(
     agents: Iterable[Mapping[str, Any]],
     effects: Iterable[Mapping[str, Any]],
     journals: Mapping[str, list[Mapping[str, Any]]],
+    *,
+    unrenewed_span: float = 3.0,
 ) -> Verdict:
+    """Every invariant but ``resources``. ``unrenewed_span``: the shortest a judge must watch
+    a lease un-renewed before expiring it (``leases.unrenewed_span`` of the agents' lease)."""
     verdict = Verdict()
+    agents = list(agents)
     executions: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for line in provider:
         if line.get("kind") == "exec":
@@ -213,7 +236,95 @@ def check(
                     " owner read as dead", effect["id"],
                 )  # fmt: skip
                 declared_gone = None
+
+    check_live_leases(verdict, agents, effects, journals, unrenewed_span)
     return verdict
+
+
+def _owner_of(actor: str) -> str:
+    return actor[len("agent:") :] if actor.startswith("agent:") else actor
+
+
+def _pid_of(owner: str) -> int | None:
+    """The pid in a lease owner's name (host:pid:token)."""
+    parts = owner.rsplit(":", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
+def check_live_leases(
+    verdict: Verdict,
+    agents: Iterable[Mapping[str, Any]],
+    effects: Iterable[Mapping[str, Any]],
+    journals: Mapping[str, list[Mapping[str, Any]]],
+    unrenewed_span: float,
+) -> None:
+    """``live_leases_kept`` (module docstring): a lease expired while its owner ran on, in a
+    call too short for any judge to have watched that lease un-renewed long enough."""
+    calls: dict[tuple[int, str, int], Mapping[str, Any]] = {}
+    for line in agents:
+        pid, attempts = line.get("pid"), line.get("a") or ()
+        if isinstance(pid, int) and line.get("end") is not None:
+            for attempt in attempts:
+                calls[(pid, str(line.get("k")), int(attempt))] = line
+    bound = unrenewed_span - LIVE_MARGIN
+    for effect in effects:
+        order = str(effect["order"])
+        lines = journals.get(effect["id"], [])
+        owner = ""
+        for n, line in enumerate(lines):
+            action, actor = line.get("action"), str(line.get("actor") or "")
+            reason = str(line.get("reason") or "")
+            if action in ("claim", "start", "retry"):
+                owner = _owner_of(actor)
+                continue
+            if action != "expire" or any(w in reason for w in OWNER_GONE):
+                continue
+            evidence = line.get("evidence") or {}
+            expired_owner = str(evidence.get("owner") or owner)
+            attempt = evidence.get("attempt")
+            if attempt is None:
+                words = reason.split()
+                attempt = words[words.index("attempt") + 1] if "attempt" in words else None
+            verdict.checked["live_leases_kept"] += 1
+            verdict.figures["lease expires"] += 1
+            try:
+                attempt = int(attempt)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                continue
+            if not _ran_on(lines[n + 1 :], expired_owner, attempt):
+                continue
+            verdict.figures["lease expires whose owner wrote its result afterwards"] += 1
+            pid = _pid_of(expired_owner)
+            call = calls.get((pid, order, attempt)) if pid is not None else None
+            if call is None:
+                verdict.figures["... its call not found in the agents' records"] += 1
+                continue
+            took = float(call["end"]) - float(call["t"])
+            if took >= bound:
+                verdict.figures[f"... in a call of {bound:g} s or longer (not judged)"] += 1
+                continue
+            verdict.add(
+                "live_leases_kept", order,
+                f"attempt {attempt}'s lease (owner {expired_owner}) expired while its owner"
+                f" ran the call, which took {took:.2f} s, under the {unrenewed_span:g} s a"
+                " judge must watch a lease un-renewed: a live call expired", effect["id"],
+            )  # fmt: skip
+
+
+def _ran_on(after: list[Mapping[str, Any]], owner: str, attempt: int) -> bool:
+    """Whether the owner of ``attempt`` wrote about it after its lease expired (its late
+    result, journaled by it, or the contradiction it raised): the expire fell inside the
+    call. A claim of a new attempt ends the search."""
+    for line in after:
+        actor, action = str(line.get("actor") or ""), line.get("action")
+        reason = str(line.get("reason") or "")
+        if _owner_of(actor) == owner and action in ("claim", "start", "retry"):
+            return False
+        if _owner_of(actor) == owner or reason.startswith(
+            (f"attempt {attempt} finished", f"late result of attempt {attempt} ")
+        ):
+            return True
+    return False
 
 
 # -- resources ----------------------------------------------------------------------------

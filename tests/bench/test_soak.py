@@ -142,6 +142,43 @@ def test_the_checker_catches_a_live_owner_read_as_dead() -> None:
     assert check(provider, agents, effects, journals).ok
 
 
+def test_the_checker_catches_a_live_lease_expired_early() -> None:
+    provider, agents, effects, journals = _world()
+    owner = "vm:123:4026531836.99"
+    expired = f"lease of attempt 1 held by {owner} expired"
+    journals["eff_1"] = [
+        {"action": "claim", "from_state": None, "to_state": "started", "actor": f"agent:{owner}"},
+        {"action": "expire", "from_state": "started", "to_state": "unknown", "actor": "openonce",
+         "reason": expired, "evidence": {"attempt": 1, "owner": owner}},
+        {"action": "late_result", "from_state": "unknown", "to_state": "committed",
+         "actor": f"agent:{owner}", "reason": "late result of attempt 1 after its lease expired"},
+    ]  # fmt: skip
+    # The owner's call of order-1, attempt 1: 1.2 s on the real clock, under the 3 s a judge
+    # must watch a lease un-renewed before it may expire it.
+    agents[0] = {**agents[0], "pid": 123, "t": 100.0, "end": 101.2, "a": [1]}
+    verdict = check(provider, agents, effects, journals)
+    assert [v.invariant for v in verdict.violations] == ["live_leases_kept"], verdict.violations
+    assert "took 1.20 s" in verdict.violations[0].detail
+    assert verdict.violations[0].effect_id == "eff_1"
+    # A call long enough to have been watched that long is only counted, not judged...
+    agents[0] = {**agents[0], "end": 104.0}
+    verdict = check(provider, agents, effects, journals)
+    assert verdict.ok, verdict.violations
+    assert verdict.figures["lease expires whose owner wrote its result afterwards"] == 1
+    # ... and so is an expire its owner never wrote after (killed, or the lease lingered
+    # after its call gave up), and one that said the owner is gone (owners_judged's).
+    agents[0] = {**agents[0], "end": 101.2}
+    late = journals["eff_1"].pop()
+    journals["eff_1"] += _journal(("probe_happened", "unknown", "receipt_recorded"),
+                                  ("check_receipt", "receipt_recorded", "committed"))  # fmt: skip
+    assert check(provider, agents, effects, journals).ok
+    gone = "owner of attempt 1 is gone: process 123 on vm no longer exists"
+    journals["eff_1"] = [journals["eff_1"][0], {**journals["eff_1"][1], "reason": gone}, late]
+    assert [v.invariant for v in check(provider, agents, effects, journals).violations] == [
+        "owners_judged"
+    ]
+
+
 def test_the_checker_catches_an_effect_left_in_flight() -> None:
     provider, agents, effects, journals = _world()
     effects.append({"id": "eff_3", "order": "order-3", "state": "unknown", "result": None})
@@ -222,5 +259,5 @@ def test_a_short_soak_on_sqlite_passes_and_names_every_fault_it_injected(tmp_pat
     assert planned, out
     assert planned == injected, (planned, injected)
     for name in ("executed_once", "outcomes_kept", "settled", "journal_legal", "owners_judged",
-                 "resources"):  # fmt: skip
+                 "live_leases_kept", "resources"):  # fmt: skip
         assert re.search(rf"^  {name}\s+OK", out, re.MULTILINE), out
