@@ -246,6 +246,21 @@ def lease_lapsed(effect: Effect, clock: Clock, now: float | None = None) -> bool
     return unrenewed >= unrenewed_span(effect)
 
 
+def wait_over(clock: Clock, key: Any, until: float, now: float, longest: float) -> bool:
+    """Whether a wait written to end at ``until`` (a probe's pause, a probe claim) is over
+    at ``now``, both on the ledger's clock.
+
+    A wait that ends further ahead than such a wait ever lasts (``longest``) was written
+    by a clock that has since stepped back (this host's, or a reconciler's that ran an hour
+    ahead): it is counted instead on this process's monotonic clock, from when it first saw
+    it, for ``longest`` — not the hour the step put in the way."""
+    if until <= now:
+        return True
+    if until - now <= longest:
+        return False
+    return _SIGHTINGS.since(clock, ("wait", key), until) >= longest
+
+
 def note_stopped(clock: Clock, effect_id: str, attempt: int) -> None:
     """This process saw attempt ``attempt`` of the effect stop (its lease expired)."""
     _SIGHTINGS.note(clock, ("stopped", effect_id, attempt), None)

@@ -38,7 +38,7 @@ from .canonical import check_json
 from .clock import Clock
 from .errors import InvalidArgumentsError, ProbeCredentialError, ProbeError, ProbeTransientError
 from .failures import safe_text
-from .leases import HOST, dead_owner, lease_lapsed, stopped_for
+from .leases import HOST, dead_owner, lease_lapsed, stopped_for, wait_over
 from .ledger import Then
 from .probe import ProbeOutcome, Prober, ProbeResult
 from .providers import Capability, CapabilityMatrix, check_receipt
@@ -233,6 +233,11 @@ class Reconciler:
             if len(rows) < page:
                 break
             after = (rows[-1].updated_at, rows[-1].id)
+        if len(found) < limit:
+            # Changed "after now": written by a clock that has since stepped back. Their
+            # pause is counted on this process's monotonic clock instead (_is_due).
+            future = self.store.due_unknown(at + 1e9, page, (at + 1e-6, ""))
+            found += [e for e in future if self._is_due(e, at)]
         return found[:limit]
 
     def run_once(self, limit: int = 500) -> ReconcileReport:
@@ -287,10 +292,17 @@ class Reconciler:
         if effect.state == S.STARTED:
             lapsed = lease_lapsed(effect, self.clock, at)
             return lapsed or dead_owner(effect.lease_owner) is not None
-        if effect.state != S.UNKNOWN or at < effect.updated_at + self._pause(effect):
+        if effect.state != S.UNKNOWN:
+            return False
+        pause = self._pause(effect)
+        if not wait_over(self.clock, ("pause", effect.id, effect.fence),
+                         effect.updated_at + pause, at, pause):  # fmt: skip
             return False
         # Someone else is probing it (or has it queued): leave it to them.
-        claimed = effect.lease_expires_at is not None and effect.lease_expires_at > at
+        claimed = effect.lease_expires_at is not None and not wait_over(
+            self.clock, ("claim", effect.id, effect.fence), effect.lease_expires_at, at,
+            MAX_BACKOFF,  # no probe claim is longer (a dispatch's TTL, a probe's timeout)
+        )
         return not claimed or effect.lease_owner in own
 
     def _pause(self, effect: Effect) -> float:

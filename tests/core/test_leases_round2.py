@@ -484,3 +484,47 @@ def test_a_hold_while_the_keeper_picks_its_sleep_is_not_lost() -> None:
     finally:
         go_on.set()
         keeper.close()
+
+
+# -- a reconciler's clock an hour ahead, then back ---------------------------------------------
+
+
+def test_a_probe_pause_written_an_hour_ahead_ends_on_time_after_the_clock_steps_back(
+    store: Store,
+) -> None:
+    # Found by the nemesis soak: a reprobe ("provider unavailable ... asking again in 2s")
+    # written while the reconciler's clock ran an hour ahead kept the effect waiting an
+    # hour once the clock stepped back; the soak's drain timed out with it UNKNOWN.
+    from openonce_core import OutcomeUnknownError
+    from openonce_core.errors import ProbeTransientError
+
+    clock = FakeClock()
+    oo = OpenOnce(store, clock=clock)
+
+    @oo.effect(tool=TOOL, idempotency_key=lambda order: order)
+    def charge(order: str) -> dict[str, str]:
+        raise TimeoutError("read timed out")  # sent, no answer: UNKNOWN
+
+    with pytest.raises(OutcomeUnknownError):
+        charge("o-1")
+    effect_id = only_id(store)
+    answers: list[str] = []
+
+    def busy_then_miss(effect: Effect) -> ProbeResult:
+        answers.append(effect.id)
+        if len(answers) == 1:
+            raise ProbeTransientError("fake", "503 Service Unavailable", status=503)
+        return not_happened(effect)
+
+    rec = Reconciler(oo, extra_capabilities=[fake_payment_capability(TOOL)], clock=clock,
+                     retry_backoff=2.0)  # fmt: skip
+    rec.register(TOOL, busy_then_miss)
+    clock.step(3600)  # the reconciler's clock runs an hour ahead
+    rec.run_once()
+    assert "asking again in 2s" in oo.journal(effect_id)[-1].reason
+    clock.step(-3600)  # and is put right
+    assert rec.run_once().rearmed == []  # first seen now: its 2 s pause starts here
+    clock.advance(3)
+    assert rec.run_once().rearmed == [effect_id]  # not an hour later
+    assert len(answers) == 2
+    assert oo.get(effect_id).state == S.PLANNED
