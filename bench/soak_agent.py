@@ -37,7 +37,6 @@ import json
 import os
 import random
 import sys
-import threading
 import time
 import traceback
 import urllib.error
@@ -49,6 +48,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from soak_clock import ClockOffset  # noqa: E402
 
 from openonce_core import (  # noqa: E402
     ApprovalPending,
@@ -68,28 +69,6 @@ CLIENT_TIMEOUT = 2.0  # the handler's read timeout at the provider
 PREPARE = 0.3  # up to this long in the handler before the request leaves
 
 _real_time = time.time
-
-
-class ClockOffset:
-    """The offset the nemesis wrote to ``path`` (seconds), re-read every 0.1 s."""
-
-    def __init__(self, path: str | None) -> None:
-        self.path = path
-        self.value = 0.0
-        self._read()
-        if path:
-            threading.Thread(target=self._follow, name="soak-clock", daemon=True).start()
-
-    def _read(self) -> None:
-        if not self.path:
-            return
-        with contextlib.suppress(OSError, ValueError), open(self.path, encoding="ascii") as f:
-            self.value = float(f.read().strip() or 0)
-
-    def _follow(self) -> None:
-        while True:
-            time.sleep(0.1)
-            self._read()
 
 
 class SteppedClock(SystemClock):

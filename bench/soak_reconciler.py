@@ -27,7 +27,6 @@ import json
 import os
 import runpy
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,8 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from soak_clock import ClockOffset  # noqa: E402
 
 _real_time = time.time
 
@@ -62,28 +63,6 @@ PRELOAD = (
     "errno", "stat", "warnings", "atexit", "threading", "multiprocessing", "ctypes",
 )  # fmt: skip
 PROJECT = ("openonce_core", "reconciler", "console", "notifications", "openonce_site")
-
-
-class ClockOffset:
-    """The offset the nemesis wrote to ``path`` (seconds), re-read every 0.1 s."""
-
-    def __init__(self, path: str | None) -> None:
-        self.path = path
-        self.value = 0.0
-        self._read()
-        if path:
-            threading.Thread(target=self._follow, name="soak-clock", daemon=True).start()
-
-    def _read(self) -> None:
-        if not self.path:
-            return
-        with contextlib.suppress(OSError, ValueError), open(self.path, encoding="ascii") as f:
-            self.value = float(f.read().strip() or 0)
-
-    def _follow(self) -> None:
-        while True:
-            time.sleep(0.1)
-            self._read()
 
 
 def preload() -> None:
