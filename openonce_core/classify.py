@@ -46,6 +46,13 @@ The rule, in the order it is applied:
                                                        the openai and anthropic SDKs
                                                        retry it as a lock timeout)
      5xx, 2xx/3xx on an error, Stripe 424  UNKNOWN     the call may have run
+     Stripe ``IdempotencyError`` (400,     UNKNOWN     proof that a request with this
+     ``idempotency_error``); a 422 whose               key ran or is running; the thing
+     JSON body says "already exists"                   exists, perhaps made by an earlier
+     (GitHub's "A pull request already                 attempt: evidence it happened,
+     exists for ...", code                             never "the provider said no" (a
+     ``already_exists``)                               business declaration cannot make
+                                                       it FAILED)
      AWS throttling codes (``Throttling``, RETRYABLE   throttled requests are rejected
      ``SlowDown``, ...); S3                            before they run; an S3
      ``RequestTimeout``                                ``RequestTimeout`` never got the
@@ -98,6 +105,7 @@ attributes are read duck-typed, so the core stays stdlib-only.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -273,7 +281,65 @@ def _stripe(exc: BaseException) -> _Verdict | None:
         return _Verdict(RETRYABLE, "Stripe refused to send without an API key")
     if status == 424:
         return _Verdict(UNKNOWN, "Stripe 424, a dependency outside Stripe failed mid-call")
+    if "IdempotencyError" in names or _stripe_error_type(exc) == "idempotency_error":
+        return _Verdict(UNKNOWN, _ALREADY_RAN.format(who=f"Stripe {status} idempotency_error"))
     return _by_status(status, getattr(exc, "headers", None), "Stripe")
+
+
+def _stripe_error_type(exc: BaseException) -> Any:
+    body = getattr(exc, "json_body", None)
+    error = body.get("error") if isinstance(body, Mapping) else None
+    return error.get("type") if isinstance(error, Mapping) else None
+
+
+# The provider says it has this already: evidence that the call (an earlier attempt of it,
+# or one still running) happened, never "the provider said no" (invariant 8).
+_ALREADY_RAN = "{who}, a request with this key already ran or is running: it may have happened"
+_ALREADY_EXISTS = "{who} says the resource already exists: an earlier attempt may have made it"
+# Read no more of an error body than this when looking for "already exists".
+_MAX_BODY = 64 * 1024
+
+
+def _already_exists(body: Any) -> bool:
+    """A validation error (GitHub's 422 shape) saying the thing already exists: a top-level
+    ``message`` ("Reference already exists"), or an entry of ``errors`` with the code
+    ``already_exists`` or a message such as "A pull request already exists for o:b."."""
+    if not isinstance(body, Mapping):
+        return False
+    entries = body.get("errors")
+    entries = list(entries) if isinstance(entries, (list, tuple)) else []
+    for entry in [body, *entries]:
+        if isinstance(entry, str):
+            entry = {"message": entry}
+        if not isinstance(entry, Mapping):
+            continue
+        if entry.get("code") == "already_exists":
+            return True
+        message = entry.get("message")
+        if isinstance(message, str) and "already exists" in message.lower():
+            return True
+    return False
+
+
+def _response_body(exc: BaseException, response: Any) -> Any:
+    """The error's JSON body, when it is already in memory (nothing is read off the wire)."""
+    body = getattr(exc, "body", None)  # openai/anthropic parse it
+    if isinstance(body, Mapping):
+        return body
+    if response is None:
+        return None
+    if getattr(response, "_content", None) is False:
+        return None  # requests, streamed and not read: reading it could block
+    try:
+        content = response.content  # httpx raises ResponseNotRead rather than read
+    except Exception:
+        return None
+    if not isinstance(content, (bytes, bytearray)) or len(content) > _MAX_BODY:
+        return None
+    try:
+        return json.loads(content)
+    except ValueError:
+        return None
 
 
 def _response_status(exc: BaseException) -> _Verdict | None:
@@ -282,6 +348,8 @@ def _response_status(exc: BaseException) -> _Verdict | None:
     response = getattr(exc, "response", None)
     if status is None and response is not None:
         status = getattr(response, "status_code", None)
+    if status == 422 and _already_exists(_response_body(exc, response)):
+        return _Verdict(UNKNOWN, _ALREADY_EXISTS.format(who="HTTP 422"))
     return _by_status(status, getattr(response, "headers", None))
 
 
