@@ -9,8 +9,18 @@ The read is still checked before it is believed: the list filter is done by GitH
 a malformed filter makes GitHub ignore it and list every PR, and wrappers get it wrong.
 So every PR must show the head the effect asked for:
 
-* exactly one PR whose ``head.ref`` is the branch: HAPPENED, receipt ``{"number",
-  "head", "url"}`` where ``head`` is the effect's own ``head`` argument;
+* exactly one PR whose ``head.ref`` is the branch and that this effect may have opened:
+  HAPPENED, receipt ``{"number", "head", "url"}`` where ``head`` is the effect's own
+  ``head`` argument;
+* a head branch outlives its PRs, so a PR of the same head is not this effect's merely by
+  its head. A PR GitHub says was created (``created_at``, ISO 8601 UTC), or closed
+  (``closed_at``), before the effect was recorded (``Effect.created_at``, the ledger's
+  clock) less ``CREATED_SKEW`` for the two clocks, predates this effect and is ignored:
+  if that leaves no PR, NOT_HAPPENED (the list is GitHub's primary store). A predating PR
+  whose head commit is the one this effect pushed is INCONCLUSIVE (its age and its commit
+  disagree: a person looks). A PR whose creation time is missing or unreadable cannot be
+  tied to this effect by time: INCONCLUSIVE unless its head commit is the one this effect
+  pushed (``head_sha``), which ties it as before;
 * PRs whose head does not match are ignored as unrelated; if that is all the read
   returned, it is suspicious and the result is INCONCLUSIVE;
 * several matching PRs (one closed, one reopened as new...): INCONCLUSIVE;
@@ -36,6 +46,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Protocol
 
 from ..errors import ProbeCredentialError, ProbeError, ProbeTransientError
@@ -59,6 +70,9 @@ REQUESTS_PER_SECOND = 5.0
 # "If the retry-after header is absent ... wait for at least one minute" (GitHub's docs).
 SECONDARY_LIMIT_WAIT = 60.0
 API_VERSION = "2022-11-28"
+# How far GitHub's clock (a PR's created_at) and the ledger's (the effect's created_at) may
+# disagree: a PR created up to this long before the effect was recorded may still be its.
+CREATED_SKEW = 300.0
 
 
 class PullRequestClient(Protocol):
@@ -86,9 +100,16 @@ class GitHubPullRequestProber:
     capability = "github_pr"
     provider = PROVIDER  # names this prober in health and metrics
 
-    def __init__(self, client: PullRequestClient, *, sha_arg: str = "head_sha") -> None:
+    def __init__(
+        self,
+        client: PullRequestClient,
+        *,
+        sha_arg: str = "head_sha",
+        created_skew: float = CREATED_SKEW,
+    ) -> None:
         self.client = client
         self.sha_arg = sha_arg
+        self.created_skew = created_skew
 
     @classmethod
     def from_token(
@@ -151,9 +172,33 @@ class GitHubPullRequestProber:
             return _inconclusive(
                 f"GitHub returned {type(pulls).__name__} for {where}, not a list of PRs"
             )
-        matching = [p for p in pulls if _is_for(p, owner, repo, head_owner, branch)]
-        ignored = len(pulls) - len(matching)
+        same_head = [p for p in pulls if _is_for(p, owner, repo, head_owner, branch)]
+        ignored = len(pulls) - len(same_head)
+        pushed = self._pushed_sha(effect)
+        # A head branch outlives its PRs: leave out those that predate this effect.
+        since = effect.created_at - self.created_skew
+        matching: list[dict[str, Any]] = []
+        older: list[dict[str, Any]] = []
+        for p in same_head:
+            created = _created_at(p)
+            closed = _created_at(p, "closed_at") if p.get("state") == "closed" else None
+            if (created is not None and created < since) or (closed is not None and closed < since):
+                older.append(p)
+            else:
+                matching.append(p)
         observed: dict[str, Any] = {"matches": len(matching), "ignored_unrelated": ignored}
+        if older:
+            observed["ignored_older"] = [p.get("number") for p in older]
+            tied = [p for p in older if pushed is not None and _sha_matches(p, pushed)]
+            if tied and not matching:
+                tied_numbers = ", ".join(f"#{p.get('number')}" for p in tied)
+                return _inconclusive(
+                    f"{tied_numbers} of {where} carries the head commit {pushed!r} this effect"
+                    " pushed but was created before this effect (GitHub's created_at"
+                    f" {tied[0].get('created_at')!r}): its age and its commit disagree,"
+                    " a person must decide",
+                    observed,
+                )
         if len(matching) > 1:
             numbers = [p.get("number") for p in matching]
             observed["numbers"] = [n for n in numbers if type(n) is int]
@@ -162,7 +207,7 @@ class GitHubPullRequestProber:
                 " possible duplicates, a person must decide",
                 observed,
             )
-        if not matching and ignored:
+        if not same_head and ignored:
             return _inconclusive(
                 f"GitHub returned {ignored} PR(s) for {where}, none with that head:"
                 " a suspicious read (filter ignored?), not evidence",
@@ -170,9 +215,15 @@ class GitHubPullRequestProber:
             )
         reference = self.reference_for(effect)
         if not matching:
+            olds = ", ".join(f"#{p.get('number')}" for p in older)
+            before = (
+                f" created since this effect (ignored {len(older)} older one(s): {olds})"
+                if older
+                else ""
+            )
             return ProbeResult(
                 ProbeOutcome.NOT_HAPPENED,
-                detail=f"GitHub lists no PR for {where}, open or closed"
+                detail=f"GitHub lists no PR for {where}, open or closed{before}"
                 " (authoritative primary-store read)",
                 provider_reference=reference,
                 observed=observed,
@@ -188,7 +239,16 @@ class GitHubPullRequestProber:
         state = pull.get("state")
         if isinstance(state, str):
             observed["state"] = state
-        pushed = self._pushed_sha(effect)
+        created = _created_at(pull)
+        if created is None:
+            observed["created_at"] = pull.get("created_at")
+            if pushed is None or not _sha_matches(pull, pushed):
+                return _inconclusive(
+                    f"PR #{number} has head {label} in {owner}/{repo} but no readable"
+                    f" created_at ({pull.get('created_at')!r}) and no head commit this effect"
+                    " pushed: it cannot be tied to this effect, a person must decide",
+                    observed,
+                )
         head_info = pull.get("head")
         sha = head_info.get("sha") if isinstance(head_info, dict) else None
         if pushed is not None:
@@ -350,6 +410,30 @@ def _is_for(pull: dict[str, Any], owner: str, repo: str, head_owner: str, branch
     base_repo = base.get("repo") if isinstance(base, dict) else None
     full_name = base_repo.get("full_name") if isinstance(base_repo, dict) else None
     return not isinstance(full_name, str) or full_name.lower() == f"{owner}/{repo}".lower()
+
+
+def _created_at(pull: dict[str, Any], field: str = "created_at") -> float | None:
+    """GitHub's ``created_at`` (or another of its times: ISO 8601, UTC,
+    ``2026-11-25T08:00:00Z``) as epoch seconds, or None when it is missing or unreadable."""
+    value = pull.get(field)
+    if not isinstance(value, str) or not value.strip():
+        return None
+    text = value.strip()
+    if text[-1:] in ("Z", "z"):
+        text = text[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        return None  # GitHub always says UTC; a naive time is not GitHub's
+    return parsed.timestamp()
+
+
+def _sha_matches(pull: dict[str, Any], pushed: str) -> bool:
+    head = pull.get("head")
+    sha = head.get("sha") if isinstance(head, dict) else None
+    return isinstance(sha, str) and _same_commit(sha, pushed)
 
 
 def _same_commit(actual: str, expected: str) -> bool:

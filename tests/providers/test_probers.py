@@ -404,13 +404,17 @@ def pull(
     head_owner: str = "acme",
     base: str = "acme/api",
     state: str = "open",
+    created_at: float | None = None,
 ) -> dict[str, Any]:
+    """A PR as GitHub lists it, created now (after every unit-test effect) unless told."""
+    created = time.time() if created_at is None else created_at
     return {
         "number": number,
         "state": state,
         "html_url": f"https://github.com/{base}/pull/{number}",
         "head": {"ref": ref, "label": f"{head_owner}:{ref}"},
         "base": {"repo": {"full_name": base}},
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
     }
 
 

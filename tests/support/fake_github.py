@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -25,6 +26,11 @@ from .fake_http import FakeHTTPServer, Fault, Reply, Seen
 SECONDARY_MESSAGE = (
     "You have exceeded a secondary rate limit. Please wait a few minutes before you try again."
 )
+
+
+def iso_utc(epoch: float) -> str:
+    """An epoch second as GitHub writes times: ``2026-11-25T08:00:00Z``."""
+    return datetime.fromtimestamp(int(epoch), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class FakeGitHubServer(FakeHTTPServer):
@@ -50,11 +56,17 @@ class FakeGitHubServer(FakeHTTPServer):
 
     def add_pull(
         self, owner: str, repo: str, branch: str, *, head_owner: str | None = None,
-        sha: str = "a" * 40, state: str = "open",
+        sha: str = "a" * 40, state: str = "open", created_at: float | str | None = "now",
+        closed_at: float | str | None = "created",
     ) -> dict[str, Any]:  # fmt: skip
+        """A PR, stamped like GitHub's: ``created_at`` (epoch seconds, by default ``wall()``
+        now; None leaves the field out) and, once closed, ``closed_at`` (by default its
+        creation time), both rendered as ISO 8601 UTC."""
         with self.lock:
             self._number += 1
             head_owner = head_owner or owner
+            created = self.wall() if created_at == "now" else created_at
+            closed = created if closed_at == "created" else closed_at
             pull = {
                 "number": self._number,
                 "state": state,
@@ -62,6 +74,10 @@ class FakeGitHubServer(FakeHTTPServer):
                 "head": {"ref": branch, "label": f"{head_owner}:{branch}", "sha": sha},
                 "base": {"ref": "main", "repo": {"full_name": f"{owner}/{repo}"}},
             }
+            if isinstance(created, (int, float)):
+                pull["created_at"] = iso_utc(created)
+            if state == "closed" and isinstance(closed, (int, float)):
+                pull["closed_at"] = iso_utc(closed)
             self.pulls.setdefault((owner.lower(), repo.lower()), []).append(pull)
             return pull
 
