@@ -8,10 +8,16 @@ Each channel::
      "secret_env": "OPENONCE_WEBHOOK_SECRET",       # webhook: the HMAC key's variable
      "to": ["oncall@example.com"],       # email
      "tools": ["stripe.*"],              # tool globs (default: every tool)
-     "events": ["requires_approval", "human_review"]}   # (default: both)
+     "events": ["requires_approval", "human_review"],   # (default: both)
+     "allow_private": false}             # webhook and slack: may go inside (default no)
 
 A malformed channel stops the notifier with ImproperlyConfigured naming it, rather than
-silently notifying nobody.
+silently notifying nobody. So does a URL the notifier would refuse to send to
+(``destinations``): a scheme other than http(s), a host off OPENONCE_NOTIFY_ALLOWED_HOSTS,
+or an address inside (loopback, private, link-local...) without OPENONCE_NOTIFY_ALLOW_PRIVATE
+or the channel's ``allow_private``. A name that resolves inside is refused when sending.
+
+A URL may carry ``user:password@``: it is sent as Basic authorization and never shown.
 """
 
 from __future__ import annotations
@@ -27,8 +33,11 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from . import destinations
+
 EVENTS = ("requires_approval", "human_review")
 KINDS = ("webhook", "slack", "email")
+KEYS = ("name", "kind", "url", "secret", "secret_env", "to", "tools", "events", "allow_private")
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,7 @@ class Channel:
     to: tuple[str, ...] = ()
     tools: tuple[str, ...] = ("*",)
     events: tuple[str, ...] = EVENTS
+    allow_private: bool = False  # may send to loopback and private addresses
 
     def wants(self, tool: str, event: str) -> bool:
         return event in self.events and any(fnmatch.fnmatchcase(tool, p) for p in self.tools)
@@ -50,8 +60,15 @@ class Channel:
         (Slack's is), so only the scheme and host are shown."""
         if self.kind == "email":
             return ", ".join(self.to)
-        parts = urlsplit(self.url)
-        return f"{parts.scheme}://{parts.netloc}/…"
+        return public_destination(self.url)
+
+
+def public_destination(url: str) -> str:
+    """``scheme://host[:port]/…``: never the user information (``user:password@``), the
+    path or the query, which may each hold a secret."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{host}/…"
 
 
 def channels() -> list[Channel]:
@@ -81,8 +98,7 @@ def _channel(item: Any, i: int) -> Channel:
     where = f"OPENONCE_NOTIFY[{i}]"
     if not isinstance(item, dict):
         raise ImproperlyConfigured(f"{where} must be an object")
-    known = {"name", "kind", "url", "secret", "secret_env", "to", "tools", "events"}
-    unknown = sorted(set(item) - known)
+    unknown = sorted(set(item) - set(KEYS))
     if unknown:
         raise ImproperlyConfigured(f"{where}: unknown keys {unknown}")
     name, kind = item.get("name"), item.get("kind")
@@ -98,9 +114,23 @@ def _channel(item: Any, i: int) -> Channel:
     if kind == "email":
         to = _strings(item.get("to"), f"{where}.to")
         return Channel(name, kind, to=to, tools=tools, events=events)
+    allow_private = item.get("allow_private", False)
+    if not isinstance(allow_private, bool):
+        raise ImproperlyConfigured(f"{where}.allow_private: true or false")
+    allow_private = allow_private or bool(settings.OPENONCE_NOTIFY_ALLOW_PRIVATE)
     url = item.get("url")
-    if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https"):
+    if not isinstance(url, str):
         raise ImproperlyConfigured(f"{where}.url: an http(s) URL")
+    if not url.isascii() or any(c <= " " or c == "\x7f" for c in url):
+        raise ImproperlyConfigured(
+            f"{where}.url: %-encode spaces, control and non-ASCII characters"
+            " (and write an international host name in its xn-- form)"
+        )
+    try:
+        destinations.check_url(urlsplit(url), allow_private)
+    except (destinations.Refused, ValueError) as exc:
+        # The message names the host at most: the URL's path and credentials stay out.
+        raise ImproperlyConfigured(f"{where}.url: {exc}") from None
     secret = ""
     if kind == "webhook":
         if "secret_env" in item:
@@ -113,7 +143,10 @@ def _channel(item: Any, i: int) -> Channel:
             raise ImproperlyConfigured(
                 f"{where}: a webhook needs a secret of at least 16 characters to sign with"
             )
-    return Channel(name, kind, url=url, secret=secret, tools=tools, events=events)
+    return Channel(
+        name, kind, url=url, secret=secret, tools=tools, events=events,
+        allow_private=allow_private,
+    )  # fmt: skip
 
 
 def _strings(value: Any, where: str) -> tuple[str, ...]:

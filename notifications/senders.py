@@ -6,21 +6,40 @@ The webhook signature: header ``OpenOnce-Signature: t=<unix time>,v1=<hex>`` whe
 is HMAC-SHA256 over ``"<t>." + body`` with the channel's secret. A receiver recomputes
 it, compares in constant time, and refuses a ``t`` older than a few minutes (replays).
 ``OpenOnce-Delivery`` carries the delivery id: the same id on a retried message.
+
+What leaves is cleaned first (``Message.outgoing``): credentials and card numbers in the
+reason (a prober's exception text can quote a request) become ``[secret]``, and characters
+that hide or reorder text (bidi controls, zero-width and other format characters, line
+separators) are written out as ``\\u202e`` so a reader of Slack or a mail sees them.
+
+A webhook goes only where ``destinations`` allows, to the address it checked, and a
+redirect is a failed delivery that is never followed. What the receiver answered is kept
+to its status code and the standard phrase for it: its own words and body, which could be
+an internal service's, are never recorded or shown.
 """
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import hashlib
 import hmac
+import http.client
 import json
-import urllib.error
-import urllib.request
+import socket
+import ssl
+import unicodedata
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from django.conf import settings
 from django.core.mail import send_mail
 
+from openonce_core.redact import redact_text
+
+from . import destinations
 from .config import Channel
 
 TIMEOUT = 10.0  # seconds for one attempt
@@ -56,6 +75,42 @@ class Message:
             "journal_seq": self.journal_seq,
         }
 
+    def outgoing(self) -> Message:
+        """The message as it may leave: secrets in the reason redacted, hidden characters
+        in every text written out."""
+        return dataclasses.replace(
+            self,
+            effect_id=shown(self.effect_id),
+            tool=shown(self.tool),
+            event=shown(self.event),
+            reason=shown(redact_text(self.reason)),
+            link=shown(self.link),
+        )
+
+
+# Kept as they are: layout whitespace a reason may use.
+_LAYOUT = {"\n", "\t"}
+# Control, format (bidi U+202A-202E and U+2066-2069, zero-width U+200B-200F, U+FEFF...),
+# line and paragraph separator, surrogate, private-use and unassigned characters: they
+# render as nothing or reorder what follows, so a reader could see another text.
+_HIDDEN = {"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"}
+
+
+def shown(text: str) -> str:
+    """``text`` with every hidden character written as its escape (``\\u202e``)."""
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(_escaped(c) if _hidden(c) else c for c in text)
+
+
+def _hidden(char: str) -> bool:
+    return char not in _LAYOUT and unicodedata.category(char) in _HIDDEN
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -70,17 +125,18 @@ def signature(secret: str, timestamp: int, body: bytes) -> str:
 
 
 def send(channel: Channel, message: Message, now: float) -> Outcome:
+    message = message.outgoing()
     if channel.kind == "email":
         return _email(channel, message)
     if channel.kind == "slack":
         body = json.dumps(_slack(message)).encode()
-        return _post(channel.url, body, {})
+        return _post(channel, body, {})
     body = json.dumps(message.to_json(), sort_keys=True).encode()
     headers = {
         "OpenOnce-Signature": signature(channel.secret, int(now), body),
         "OpenOnce-Delivery": str(message.delivery_id),
     }
-    return _post(channel.url, body, headers)
+    return _post(channel, body, headers)
 
 
 def _slack(message: Message) -> dict[str, Any]:
@@ -92,28 +148,89 @@ def _slack(message: Message) -> dict[str, Any]:
     return {"text": text, "unfurl_links": False}
 
 
-def _post(url: str, body: bytes, headers: dict[str, str]) -> Outcome:
-    request = urllib.request.Request(
-        url,
-        data=body,
-        method="POST",
-        headers={"Content-Type": "application/json", "User-Agent": "openonce-notify", **headers},
-    )
+def _post(channel: Channel, body: bytes, headers: dict[str, str]) -> Outcome:
+    """POST once, to the checked address, following nothing."""
+    parts = urlsplit(channel.url)
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
-            return Outcome(True, response.status)
-    except urllib.error.HTTPError as exc:
-        return Outcome(False, exc.code, f"the receiver answered {exc.code} {exc.reason}")
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return Outcome(False, None, f"could not deliver: {reason}"[:500])
+        address = destinations.resolve(parts, channel.allow_private)
+    except destinations.Refused as exc:
+        return Outcome(False, None, str(exc))
+    except OSError as exc:  # the name does not resolve
+        return Outcome(False, None, f"could not deliver: {parts.hostname} does not resolve ({exc})")
+    headers = {"Content-Type": "application/json", "User-Agent": "openonce-notify", **headers}
+    if parts.username is not None or parts.password is not None:
+        user_password = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(user_password.encode()).decode()
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    connection = _connection(parts, address)
+    try:
+        connection.request("POST", path, body=body, headers=headers)
+        response = connection.getresponse()
+        status, location = response.status, response.getheader("Location") or ""
+    except http.client.HTTPException as exc:
+        # Its message can quote what the other end sent: only the kind of failure is kept.
+        kind = type(exc).__name__
+        return Outcome(False, None, f"could not deliver: the answer was not HTTP ({kind})")
+    except (OSError, ValueError) as exc:  # refused, reset, timed out, a bad certificate
+        return Outcome(False, None, shown(f"could not deliver: {exc}")[:300])
+    finally:
+        connection.close()
+    if 200 <= status < 300:
+        return Outcome(True, status)
+    answered = f"the receiver answered {status} {_phrase(status)}".rstrip()
+    if 300 <= status < 400:
+        target = _host_of(location)
+        return Outcome(False, status, f"{answered}: redirect refused, not followed (to {target})")
+    return Outcome(False, status, answered)
+
+
+def _host_of(location: str) -> str:
+    """Where a redirect pointed, for the operator: its host only (a path or query can
+    hold anything), written so that nothing in it hides."""
+    try:
+        host = urlsplit(location).hostname
+    except ValueError:
+        host = None
+    return shown(host or "nowhere")[:100]
+
+
+def _phrase(status: int) -> str:
+    """The standard phrase for a status, never the receiver's own words."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+def _connection(parts: SplitResult, address: str) -> http.client.HTTPConnection:
+    """A connection to ``address`` for the URL's host: the Host header and the TLS name
+    (SNI, and the certificate check) are the URL's host; the TCP connection goes to the
+    address that was checked, not to whatever the name resolves to a moment later."""
+
+    def connect_checked(
+        _where: tuple[str, int], timeout: float | None, source: tuple[str, int] | None = None
+    ) -> socket.socket:
+        return socket.create_connection((address, port), timeout, source)
+
+    host = parts.hostname or ""
+    port = parts.port or destinations.DEFAULT_PORTS[parts.scheme]
+    connection: http.client.HTTPConnection
+    if parts.scheme == "https":
+        connection = http.client.HTTPSConnection(
+            host, port, timeout=TIMEOUT, context=ssl.create_default_context()
+        )
+    else:
+        connection = http.client.HTTPConnection(host, port, timeout=TIMEOUT)
+    connection._create_connection = connect_checked  # type: ignore[attr-defined]
+    return connection
 
 
 def _email(channel: Channel, message: Message) -> Outcome:
     body = f"{message.headline}.\n\n{message.reason}\n\nOpen it in the console: {message.link}\n"
+    subject = " ".join(message.headline.split())  # a header: no line breaks
     try:
         send_mail(
-            f"[OpenOnce] {message.headline}",
+            f"[OpenOnce] {subject}",
             body,
             settings.DEFAULT_FROM_EMAIL,
             list(channel.to),

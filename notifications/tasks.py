@@ -1,4 +1,6 @@
-"""The notifier's Celery task: thin, periodic, harmless when it runs twice."""
+"""The notifier's Celery task: thin, periodic, harmless when it runs twice. It is routed
+to its own queue, ``openonce.notify`` (settings: CELERY_TASK_ROUTES), so a message about
+an effect waiting for a person never queues behind a backlog of reconcile batches."""
 
 from __future__ import annotations
 

@@ -2,9 +2,11 @@
 
 The envelope around them (settings in openonce_site/settings/base.py):
 
-* the tick has its own queue (``openonce.tick``), batches theirs (``openonce.batches``):
-  a worker consumes both by default, and ``celery worker -Q openonce.tick`` runs a
-  dedicated tick worker that never waits behind a backlog of batches;
+* the tick has its own queue (``openonce.tick``), the notifier its own
+  (``openonce.notify``, notifications/tasks.py), batches theirs (``openonce.batches``): a
+  worker consumes all three by default, looking at them in that order when it frees up,
+  and ``celery worker -Q openonce.tick,openonce.notify`` runs a dedicated worker that
+  never waits behind a backlog of batches;
 * a batch stops taking effects when the next one might not finish before the soft time
   limit, and queues the rest as a new batch (``sweep.run_batch``);
 * SoftTimeLimitExceeded is never caught here: it ends the task (its effects' claims

@@ -10,6 +10,7 @@ so lag windows and rate windows need no sleeping.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections import deque
@@ -207,3 +208,85 @@ class FakeHTTPServer:
             self._window.popleft()
         self._window.append(at)
         return len(self._window) > self.rate_limit
+
+
+class WebhookReceiver:
+    """A notification receiver on 127.0.0.1 that records every request (any method) and
+    answers on cue: ``fail_next`` answers 500; ``status``, ``reason``, ``headers`` and
+    ``body`` set every other answer (a redirect is ``status=302`` with a Location)."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.fail_next = 0
+        self.status = 200
+        self.reason = ""  # the status line's phrase; "" lets the server choose
+        self.headers: dict[str, str] = {}
+        self.body = b"ok"
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length", 0) or 0)
+                body = self.rfile.read(length) if length else b""
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                receiver.requests.append(
+                    {"method": self.command, "path": self.path, "headers": headers, "body": body}
+                )
+                status = 500 if receiver.fail_next > 0 else receiver.status
+                receiver.fail_next = max(0, receiver.fail_next - 1)
+                self.send_response(status, receiver.reason or None)
+                for name, value in receiver.headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(receiver.body)))
+                self.end_headers()
+                self.wfile.write(receiver.body)
+
+            do_GET = do_POST = do_PUT = do_HEAD = do_DELETE = _answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
+        self.server = server_class((host, 0), Handler)
+        self.server.daemon_threads = True
+        port = self.server.server_address[1]
+        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        self.port = port
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def json(self, i: int) -> Any:
+        return json.loads(self.requests[i]["body"])
+
+
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+class ConnectionCounter:
+    """A TCP listener on 127.0.0.1 that only counts connections (an FTP or other
+    internal service a redirect could point at): it accepts, counts and closes."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()

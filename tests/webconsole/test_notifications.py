@@ -3,8 +3,10 @@ human review, the notifier (reading the journal from its durable cursor, off the
 hot path) owes one message per transition and channel, and sends it as a signed generic
 webhook, Slack incoming-webhook JSON or email, with retries and a growing pause.
 
-The receivers are real sockets on this machine: an HTTP server that checks nothing
-itself and can answer 500 on cue, and an SMTP server that can refuse on cue. Time is
+The receivers are real sockets on this machine (so the channels allow private
+destinations, which the notifier refuses by default: test_notify_ssrf.py): an HTTP server
+that checks nothing itself and can answer 500 on cue, and an SMTP server that can refuse
+on cue. Time is
 injected (``now=``): no test waits for a backoff to pass.
 """
 
@@ -18,7 +20,6 @@ import socketserver
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ from test_console_views import Agent, client_for, decide, fresh_ledger, html, ma
 from notifications import dispatch
 from notifications.config import channels
 from notifications.models import Delivery, JournalCursor
+from tests.support.fake_http import WebhookReceiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SECRET = "s3cret-for-signing-webhooks"
@@ -38,40 +40,7 @@ SECRET = "s3cret-for-signing-webhooks"
 # -- receivers ----------------------------------------------------------------------------
 
 
-class Receiver:
-    """An HTTP server on 127.0.0.1 recording every POST; ``fail_next`` answers 500."""
-
-    def __init__(self) -> None:
-        self.requests: list[dict[str, Any]] = []
-        self.fail_next = 0
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                receiver.requests.append({"path": self.path, "headers": headers, "body": body})
-                status = 500 if receiver.fail_next > 0 else 200
-                receiver.fail_next = max(0, receiver.fail_next - 1)
-                self.send_response(status)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def json(self, i: int) -> Any:
-        return json.loads(self.requests[i]["body"])
+Receiver = WebhookReceiver  # an HTTP server on 127.0.0.1 recording every request
 
 
 class SmtpReceiver:
@@ -148,7 +117,9 @@ def users(agent: Agent) -> Any:
 
 def configure(*chans: dict[str, Any]) -> Any:
     return override_settings(
-        OPENONCE_NOTIFY=json.dumps(list(chans)), OPENONCE_CONSOLE_URL="https://console.test"
+        OPENONCE_NOTIFY=json.dumps(list(chans)),
+        OPENONCE_CONSOLE_URL="https://console.test",
+        OPENONCE_NOTIFY_ALLOW_PRIVATE=True,  # the receivers listen on 127.0.0.1
     )
 
 
@@ -438,3 +409,159 @@ def test_beat_schedules_the_notifier_and_the_worker_knows_its_task() -> None:
     assert entry["schedule"] == settings.OPENONCE_NOTIFY_INTERVAL
     app.loader.import_default_modules()  # what a worker does at start-up
     assert "openonce.notify" in app.tasks
+
+
+# -- what leaves: secrets redacted, hidden characters shown --------------------------------
+
+HOSTILE = (
+    "probe inconclusive: GET https://ops:hunter2@api.example.com/v1 with"
+    " Authorization: Bearer sk_live_51HqLyjWDarjtT1zdp7dcXYZ failed; card 4242 4242 4242 4242;"
+    " approve \u202ereversed\u202c\u200b\u2066x\u2069\ufeff\u2028end"
+)
+LEAKS = ("hunter2", "sk_live_51HqLyjWDarjtT1zdp7dcXYZ", "4242 4242", "ops:")
+HIDDEN = ("\u202e", "\u202c", "\u200b", "\u2066", "\u2069", "\ufeff", "\u2028")
+
+
+class Inconclusive:
+    """A prober whose error text quotes its request, as exception messages do."""
+
+    def probe(self, effect: Any) -> Any:
+        from openonce_core import ProbeOutcome, ProbeResult
+
+        return ProbeResult(ProbeOutcome.INCONCLUSIVE, detail=HOSTILE.split(": ", 1)[1])
+
+
+def escalate_with_hostile_reason(agent: Agent) -> str:
+    """An UNKNOWN effect the reconciler sends to human review with the prober's words."""
+    from openonce_core import Reconciler
+
+    effect_id = agent.unknown()
+    reconciler = Reconciler(agent.oo, grace_seconds=0)
+    reconciler.register("stripe.charge", Inconclusive())
+    reconciler.run_once()
+    assert agent.state(effect_id) == "human_review"
+    return effect_id
+
+
+def assert_clean(text: str) -> None:
+    for leak in LEAKS:
+        assert leak not in text, leak
+    for char in HIDDEN:
+        assert char not in text, f"U+{ord(char):04X}"
+    assert "[secret]" in text
+    assert "\\u202e" in text and "\\ufeff" in text  # written out, for the reader to see
+
+
+def test_a_webhook_carries_no_secret_and_no_hidden_character(agent: Agent, receiver: Receiver):
+    with configure(webhook(receiver)):
+        dispatch.tick()
+        escalate_with_hostile_reason(agent)
+        dispatch.tick()
+    [request] = receiver.requests
+    assert verify(request)
+    assert_clean(receiver.json(0)["reason"])
+
+
+def test_slack_gets_no_secret_and_no_hidden_character(agent: Agent, receiver: Receiver) -> None:
+    with configure({"name": "slack", "kind": "slack", "url": receiver.url + "/services/T/B/x"}):
+        dispatch.tick()
+        escalate_with_hostile_reason(agent)
+        dispatch.tick()
+    assert_clean(receiver.json(0)["text"])
+
+
+def test_a_mail_carries_no_secret_and_no_hidden_character(agent: Agent, smtp: SmtpReceiver):
+    mailers = {
+        "default": {
+            "BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+            "OPTIONS": {"host": "127.0.0.1", "port": smtp.port, "timeout": 10},
+        }
+    }
+    with (
+        override_settings(MAILERS=mailers),
+        configure({"name": "mail", "kind": "email", "to": ["oncall@example.com"]}),
+    ):
+        dispatch.tick()
+        escalate_with_hostile_reason(agent)
+        assert dispatch.tick().sent == 1
+    [message] = smtp.messages
+    assert_clean(message.get_payload(decode=True).decode())
+
+
+def test_the_ledger_keeps_the_reason_as_it_was_written(agent: Agent, receiver: Receiver) -> None:
+    """Redaction is for what leaves; the journal is evidence and is not rewritten."""
+    with configure(webhook(receiver)):
+        dispatch.tick()
+        effect_id = escalate_with_hostile_reason(agent)
+        dispatch.tick()
+    reasons = [line.reason for line in agent.journal(effect_id)]
+    assert any("\u202e" in r for r in reasons)
+
+
+def test_the_notify_task_has_a_queue_of_its_own_that_workers_consume() -> None:
+    """Routed to openonce.notify, never behind a backlog of batches; a worker started
+    without -Q (compose's, the tests') consumes every declared queue, this one too."""
+    from openonce_site.celery import app
+
+    assert app.amqp.router.route({}, "openonce.notify")["queue"].name == "openonce.notify"
+    declared = [q.name for q in app.conf.task_queues]
+    assert "openonce.notify" in declared
+    # A worker that frees up looks at the queues in this order (queue_order_strategy).
+    assert declared.index("openonce.notify") < declared.index("openonce.batches")
+
+
+@pytest.mark.slow
+def test_a_worker_started_without_queues_sends_notifications_from_their_own_queue(
+    tmp_path, receiver: Receiver
+) -> None:
+    """Real processes: the beat's message lands in openonce.notify (not behind the
+    batches), and a worker started as compose starts it, without -Q, consumes it."""
+    from celery import Celery
+
+    from openonce_core import ApprovalPending, OpenOnce, require_approval_for
+    from tests.support import daemon
+
+    name, dsn = daemon.create_database()
+    redis_db, broker = daemon.pick_redis_db()
+    worker = None
+    try:
+        env = daemon.daemon_env(
+            dsn, broker,
+            OPENONCE_NOTIFY=json.dumps([webhook(receiver)]),
+            OPENONCE_NOTIFY_ALLOW_PRIVATE="true",
+            OPENONCE_CONSOLE_URL="https://console.test",
+        )  # fmt: skip
+        daemon.migrate(env)
+        sender = Celery("sender", broker=broker)
+        sender.config_from_object("django.conf:settings", namespace="CELERY")
+        redis = daemon.redis_client(redis_db)
+
+        def notify() -> None:
+            sender.send_task("openonce.notify")
+
+        notify()  # the first tick sets the cursor: notify from now on
+        assert (redis.llen("openonce.notify"), redis.llen("openonce.batches")) == (1, 0)
+
+        worker = daemon.start_worker("worker", env, tmp_path, concurrency=1, loglevel="warning")
+        daemon.wait_until(
+            lambda: redis.llen("openonce.notify") == 0, 30, "the worker takes the notify task",
+            on_timeout=worker.output,
+        )  # fmt: skip
+        oo = OpenOnce(dsn, migrate=False, policy=require_approval_for(["stripe.refund"]))
+        refund = oo.effect(
+            lambda charge: None, tool="stripe.refund", idempotency_key=lambda charge: charge
+        )
+        with pytest.raises(ApprovalPending):
+            refund("ch_worker")
+        oo.close()
+        daemon.wait_until(
+            lambda: notify() or receiver.requests, 30, "a delivery from the worker",
+            interval=1.0, on_timeout=worker.output,
+        )  # fmt: skip
+        assert receiver.json(0)["tool"] == "stripe.refund"
+        redis.close()
+    finally:
+        if worker is not None:
+            worker.stop(grace=5)
+        daemon.redis_client(redis_db).flushdb()
+        daemon.drop_database(name)
