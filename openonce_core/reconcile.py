@@ -11,11 +11,18 @@ For each due effect it decides one of these:
   everything else — inconclusive, a receipt naming another effect, contradictory
   observations, a broken receipt contract, no prober at all — goes to HUMAN_REVIEW with
   the capability's guidance in the note;
+* a young miss (an INCONCLUSIVE result with ``retry_after``: the provider's index may not
+  have the object yet) is probed again when it matures, not sent to a person; bounded by
+  ``young_reprobes`` and ``maturity_window``, after which a person decides;
 * a prober that could not ask the provider says nothing about the effect: a transient
   failure (429, 5xx, a timeout) is asked again later, honouring the provider's
   ``Retry-After``, and goes to a person only after a bounded number of attempts or time; a
   refused credential marks the prober failing (``ReconcileReport.prober_failures``) and the
   effect simply waits — a revoked key must not flood the human queue.
+
+Probers that measure an effect's age get the reconciler's clock (``bind_clock``) when they
+are registered, so age and grace are read on the clock the effect's timestamps were written
+with (the database's on Postgres), not this host's.
 
 Every decision is a conditional move on the fence the reconciler read, so two reconcilers
 (or a Celery task delivered twice) racing on one effect resolve it once. The loser's
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -37,12 +45,13 @@ from typing import Any
 from .canonical import check_json
 from .clock import Clock
 from .errors import InvalidArgumentsError, ProbeCredentialError, ProbeError, ProbeTransientError
-from .failures import safe_text
+from .failures import message_text, safe_text
 from .leases import HOST, dead_owner, lease_lapsed, stopped_for, wait_over
 from .ledger import Then
-from .probe import ProbeOutcome, Prober, ProbeResult
+from .probe import ProbeOutcome, Prober, ProbeResult, attempt_ended_at
 from .providers import Capability, CapabilityMatrix, check_receipt
 from .records import Effect
+from .redact import redact_text
 from .runtime import OpenOnce
 from .states import EffectState
 from .stores.base import Store
@@ -141,6 +150,8 @@ class Reconciler:
         transient_window: float = 3600.0,
         stale_call_grace: float = 300.0,
         dead_owner_grace: float = 60.0,
+        young_reprobes: int = 20,
+        maturity_window: float = 7200.0,
         owner: str = "reconciler",
         clock: Clock | None = None,
     ) -> None:
@@ -169,6 +180,11 @@ class Reconciler:
         # evidence until this long (or the tool's grace, if longer) after it was found
         # gone. Shorter than stale_call_grace, which covers a process that may wake up.
         self.dead_owner_grace = dead_owner_grace
+        # A young miss is asked again when the prober says it matures; a prober that keeps
+        # saying "not yet" (an index that never catches up) is asked at most this many
+        # times, or for this long after its first such answer, then a person decides.
+        self.young_reprobes = young_reprobes
+        self.maturity_window = maturity_window
         self.actor = owner if ":" in owner else f"reconciler:{owner}"
         self._claimer = f"{self.actor}#{uuid.uuid4().hex[:8]}"
         self._probers: dict[str, list[AnyProber]] = {}
@@ -199,7 +215,21 @@ class Reconciler:
         if capability is not None:
             self.matrix.resolve(tool, capability)  # raises for a pin that does not fit
             self._pins[tool] = capability
+        self._bind_clock(prober)
         self._probers.setdefault(tool, []).append(prober)
+
+    def _bind_clock(self, prober: Any) -> None:
+        """Hand the prober (or the one a wrapper keeps as ``inner``, like the daemon's
+        InstrumentedProber) this reconciler's clock: a young miss must be judged on the
+        clock the effect's timestamps and the grace use, not on this host's."""
+        for _ in range(4):
+            bind = getattr(prober, "bind_clock", None)
+            if callable(bind):
+                bind(self.clock.now)
+                return
+            prober = getattr(prober, "inner", None)
+            if prober is None:
+                return
 
     # -- sweeping -------------------------------------------------------------------------
 
@@ -300,15 +330,23 @@ class Reconciler:
             return False
         # Someone else is probing it (or has it queued): leave it to them.
         claimed = effect.lease_expires_at is not None and not wait_over(
-            self.clock, ("claim", effect.id, effect.fence), effect.lease_expires_at, at,
+            self.clock,
+            ("claim", effect.id, effect.fence),
+            effect.lease_expires_at,
+            at,
             MAX_BACKOFF,  # no probe claim is longer (a dispatch's TTL, a probe's timeout)
         )
         return not claimed or effect.lease_owner in own
 
     def _pause(self, effect: Effect) -> float:
         """How long after its last change an UNKNOWN effect waits: its grace window, or the
-        backoff after a failed probe, whichever is longer."""
-        return max(self.grace_for(effect.tool), float(_failures(effect).get("wait", 0.0)))
+        backoff after a failed probe, whichever is longer. After a young miss, the wait the
+        prober asked for: the grace was spent before the first probe."""
+        failures = _failures(effect)
+        wait = float(failures.get("wait", 0.0))
+        if failures.get("maturing"):
+            return wait
+        return max(self.grace_for(effect.tool), wait)
 
     def grace_for(self, tool: str) -> float:
         if tool in self.grace_overrides:
@@ -427,13 +465,14 @@ class Reconciler:
         else:
             return False
         detail = "; ".join(r.detail for r in failures)
-        evidence = dict(effect.verification_evidence or {})
+        evidence = _reprobe_evidence(effect)
         evidence["probe_failures"] = {
             "attempt": effect.attempt,
             "count": count,
             "since": first,
             "wait": wait,
             "attempts": attempts[-KEEP_ATTEMPTS:],
+            **{k: v for k, v in history.items() if k in ("young_count", "young_since")},
         }
         kind = (
             "credential refused"
@@ -485,6 +524,8 @@ class Reconciler:
         if not isinstance(result, ProbeResult) or not isinstance(result.outcome, ProbeOutcome):
             return _inconclusive(f"prober returned {type(result).__name__}, not a ProbeResult")
         elapsed = time.monotonic() - started
+        if isinstance(result.detail, str) and redact_text(result.detail) != result.detail:
+            result = dataclasses.replace(result, detail=redact_text(result.detail))
         if not result.decisive:
             return result
         try:
@@ -527,6 +568,19 @@ class Reconciler:
             return
         if ProbeOutcome.INCONCLUSIVE in outcomes:
             detail = "; ".join(r.detail for r in results if not r.decisive) or "no detail"
+            wait = _maturing(results)
+            if wait is not None:
+                waited = _failures(effect)
+                count = int(waited.get("young_count", 0)) + 1
+                since = float(waited.get("young_since", now))
+                if count <= self.young_reprobes and now - since <= self.maturity_window:
+                    self._reprobe_young(effect, report, detail, wait, count, since, seen,
+                                        observations)  # fmt: skip
+                    return
+                detail += (
+                    f"; still not decisive after {count - 1} re-probes over"
+                    f" {now - since:.0f}s: the provider's index may never catch up"
+                )
             self._escalate(effect, report, "probe inconclusive: " + detail, guidance, observations)
             return
         first = results[0]
@@ -574,10 +628,10 @@ class Reconciler:
                 else f"the call's lease ran out only {now - _lease_end(effect):.0f}s ago and"
                 " it may still be running"
             )
-            evidence = dict(effect.verification_evidence or {})
+            evidence = _reprobe_evidence(effect)
             evidence["observations"] = observations
             evidence["probe_failures"] = {
-                **_failures(effect),
+                **{k: v for k, v in _failures(effect).items() if k != "maturing"},
                 "attempt": effect.attempt,
                 "wait": young,
             }
@@ -600,6 +654,40 @@ class Reconciler:
             self._lost_race(effect, first, report)
             return
         report.rearmed.append(effect.id)
+
+    def _reprobe_young(
+        self,
+        effect: Effect,
+        report: ReconcileReport,
+        detail: str,
+        wait: float,
+        count: int,
+        since: float,
+        seen: list[dict[str, Any]],
+        observations: list[dict[str, Any]],
+    ) -> None:
+        """A young miss: ask again when the prober says it matures (UNKNOWN stays
+        UNKNOWN), instead of sending a person an effect the provider simply has not
+        indexed yet."""
+        evidence = _reprobe_evidence(effect)
+        evidence["observations"] = observations
+        evidence["probe_failures"] = {
+            **_failures(effect),
+            "attempt": effect.attempt,
+            "wait": wait,
+            "maturing": True,  # the pause is this wait alone (see _pause)
+            "young_count": count,
+            "young_since": since,
+        }
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock.now() + wait))
+        moved = self.oo.ledger.move(
+            effect, "reprobe", S.UNKNOWN, actor=self.actor,
+            reason=f"young miss ({count}/{self.young_reprobes}): {detail}; asking again in"
+            f" {wait:.0f}s, at {when}",
+            evidence={"probe": "inconclusive", "observations": seen, "wait": wait},
+            changes={"verification_evidence": evidence},
+        )  # fmt: skip
+        self._count(moved, effect, report.retried, report)
 
     def _too_soon_after_lease(self, effect: Effect, now: float) -> float:
         """Seconds still to wait before a miss may re-arm an effect whose attempt ended by
@@ -764,11 +852,17 @@ def _prober_failure(exc: BaseException) -> ProbeResult:
                 observed["not_sent"] = True
         return ProbeResult(
             ProbeOutcome.INCONCLUSIVE,
-            detail=f"{type(exc).__name__}: {safe_text(exc)}"[:500],
+            detail=f"{type(exc).__name__}: {_words(exc)}"[:500],
             observed=observed,
         )
-    # A prober's own words become a journal reason: escaped so every store can hold them.
-    return _inconclusive(f"prober raised {type(exc).__name__}: {safe_text(exc)}"[:500], error=True)
+    return _inconclusive(f"prober raised {type(exc).__name__}: {_words(exc)}"[:500], error=True)
+
+
+def _words(exc: BaseException) -> str:
+    """A prober's exception text as a journal reason: a provider's error may quote the key
+    or a card number (masked by shape, :func:`redact_text`), and every store must be able
+    to hold it (escaped, :func:`safe_text`). Notifications and the console show it."""
+    return safe_text(redact_text(message_text(exc)))
 
 
 def _inconclusive(
@@ -786,6 +880,30 @@ def _inconclusive(
     if transient:
         observed["transient"] = True
     return ProbeResult(ProbeOutcome.INCONCLUSIVE, detail=detail, observed=observed)
+
+
+def _maturing(results: list[ProbeResult]) -> float | None:
+    """How long to wait when every inconclusive result is a young miss that will mature
+    (``retry_after``): the longest of their waits, kept within [1 s, MAX_BACKOFF]. None
+    when any inconclusive result will not mature: that is a person's now."""
+    waits = []
+    for r in results:
+        if r.decisive:
+            continue
+        wait = r.retry_after
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not math.isfinite(wait):
+            return None
+        waits.append(min(MAX_BACKOFF, max(1.0, float(wait))))
+    return max(waits) if waits else None
+
+
+def _reprobe_evidence(effect: Effect) -> dict[str, Any]:
+    """The effect's verification evidence for a re-probe (UNKNOWN -> UNKNOWN), keeping when
+    it went UNKNOWN: the move updates the row, and a prober counts a miss's age from then
+    (``probe.attempt_ended_at``)."""
+    evidence = dict(effect.verification_evidence or {})
+    evidence["unknown_since"] = {"attempt": effect.attempt, "at": attempt_ended_at(effect)}
+    return evidence
 
 
 def _failed(result: ProbeResult) -> bool:

@@ -26,6 +26,7 @@ from django.utils import timezone
 from openonce_core.errors import ProbeCredentialError, ProbeError, ProbeTransientError
 from openonce_core.probe import ProbeResult
 from openonce_core.records import Effect
+from openonce_core.redact import redact_text
 from openonce_core.wiring import WiringError, load_object
 
 from .logs import current_effect_id
@@ -226,7 +227,7 @@ def _mark_failing(provider: str, reason: str, now: datetime, tools: set[str] | N
     row, _ = ProberStatus.objects.get_or_create(provider=provider)
     if not row.failing:
         row.failing, row.since = True, now
-    row.reason = reason[:1000]
+    row.reason = redact_text(reason)[:1000]  # a provider's error may quote our key
     if tools:
         row.tools = sorted(set(row.tools) | tools)
     row.last_failure_at = now

@@ -21,14 +21,22 @@ When the provider cannot be asked, the probe raises instead of answering: a
 ``Retry-After`` or a rate-limit reset) or a ``ProbeCredentialError`` (401, a permission
 403, an untrusted certificate), so the reconciler can back off or mark the prober failing
 rather than send the effect to a person. A malformed answer is INCONCLUSIVE ("could not
-verify" is not "did not happen"). The HTTP clients share a per-process
-:class:`RateLimiter` per provider (Stripe 18 reads/s, GitHub 5/s by default) that also
-stops every probe of that provider while the provider asked us to wait.
+verify" is not "did not happen"). The HTTP clients share a :class:`RateLimiter` per
+provider account (Stripe 18 reads/s, GitHub 1/s by default) that also stops every probe of
+that provider while the provider asked us to wait. It is per process unless a shared one
+is installed with :func:`set_limiter_factory` (the daemon's, in Redis, keeps N worker
+processes at one rate together). The IMAP client opens at most ``max_connections`` (2)
+connections per account at once in a process.
+
+The GitHub and email probers also check a receipt a person gives:
+``verify(effect, receipt) -> ProbeResult`` (HAPPENED only when the receipt names the
+provider object that is this effect's by the probe's own rules, bound to the same provider
+reference as a probe result; see each prober).
 """
 
 from __future__ import annotations
 
-from ._http import RateLimiter, shared_limiter
+from ._http import Limiter, RateLimiter, set_limiter_factory, shared_limiter
 from .email import (
     EmailMessageIdProber,
     ImapSentFolder,
@@ -53,6 +61,7 @@ __all__ = [
     "GitHubReadError",
     "GitHubRestClient",
     "ImapSentFolder",
+    "Limiter",
     "MailStoreReadError",
     "PullRequestClient",
     "RateLimiter",
@@ -63,5 +72,6 @@ __all__ = [
     "StripeSearchClient",
     "effect_metadata",
     "message_id_for",
+    "set_limiter_factory",
     "shared_limiter",
 ]

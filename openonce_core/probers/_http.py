@@ -10,9 +10,13 @@ A probe error says nothing about the effect (see ``errors.ProbeError``):
   cannot trust: nothing will work until a person fixes the configuration;
 * ``ProbeError`` — any other refusal (400, 404...): this request could not be answered.
 
-The limiter is shared by every probe of one provider in this process (all threads), so a
-backlog drained by one worker process stays under the provider's published limit. It is
-per process: with N worker processes, give each ``limit / N``.
+The limiter is shared by every probe of one provider account in this process (all
+threads), so a backlog drained by one worker process stays under the provider's published
+limit. :class:`RateLimiter` is per process: with N worker processes each would spend the
+whole budget. A deployment with several processes installs a limiter they share with
+:func:`set_limiter_factory` (the daemon installs ``reconciler.ratelimit``'s Redis one when
+``OPENONCE_RATE_LIMIT_REDIS`` is set); :func:`shared_limiter` then builds its limiters with
+that factory. Any limiter has :class:`Limiter`'s four methods.
 """
 
 from __future__ import annotations
@@ -28,11 +32,38 @@ import threading
 import time
 import urllib.error
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import ProbeCredentialError, ProbeError, ProbeTransientError
 
 USER_AGENT = "openonce-prober"
+
+
+class Limiter(Protocol):
+    """What a prober's client needs from a rate limiter (in-process or shared)."""
+
+    provider: str
+    rate: float
+    burst: int
+
+    def acquire(self, max_wait: float) -> float:
+        """Take one request slot, waiting at most ``max_wait`` seconds; returns the wait.
+        Raises ``ProbeTransientError(sent=False)`` while paused or when the wait is longer."""
+        ...
+
+    def pause(self, seconds: float, reason: str) -> None:
+        """Hold every request for ``seconds`` (a longer pause already set stays)."""
+        ...
+
+    def paused_for(self) -> float:
+        """Seconds of pause left (0 when not paused)."""
+        ...
+
+    def backoff(self, first: float, cap: float, reason: str) -> float:
+        """Pause after a limit the provider gave no wait for: ``first`` seconds, doubled
+        (up to ``cap``) each time it comes again soon after the last backoff ended.
+        Returns the seconds paused."""
+        ...
 
 
 class RateLimiter:
@@ -67,6 +98,9 @@ class RateLimiter:
         self._next = 0.0
         self._paused_until = 0.0
         self._pause_reason = ""
+        # The last backoff's length and end, so a limit that comes again soon doubles it.
+        self._backoff = 0.0
+        self._backoff_end = 0.0
 
     def __repr__(self) -> str:
         return f"RateLimiter({self.provider!r}, rate={self.rate:g}/s, burst={self.burst})"
@@ -114,22 +148,61 @@ class RateLimiter:
         with self._lock:
             return max(0.0, self._paused_until - self._clock())
 
+    def backoff(self, first: float, cap: float, reason: str) -> float:
+        with self._lock:
+            now = self._clock()
+            wait = next_backoff(self._backoff, self._backoff_end, now, first, cap)
+            self._backoff, self._backoff_end = wait, now + wait
+            if now + wait > self._paused_until:
+                self._paused_until = now + wait
+                self._pause_reason = reason
+            return wait
+
     def _after_fork(self) -> None:
         # A lock held by another thread at fork() time would never be released here.
         self._lock = threading.Lock()
 
 
-_shared: dict[tuple[str, float, int], RateLimiter] = {}
+def next_backoff(last: float, last_end: float, now: float, first: float, cap: float) -> float:
+    """The next backoff: double the last one if this limit came within one more of it after
+    it ended (the provider is still unhappy), else start again at ``first``."""
+    if last > 0 and now < last_end + last:
+        return min(cap, max(first, 2 * last))
+    return min(cap, first)
+
+
+# Builds the limiter for (provider, rate, burst, account); None: the in-process RateLimiter.
+LimiterFactory = Callable[[str, float, int, str], Limiter]
+
+_shared: dict[tuple[str, str, float, int], Limiter] = {}
 _shared_lock = threading.Lock()
+_factory: LimiterFactory | None = None
 
 
-def shared_limiter(provider: str, rate: float, burst: int = 1) -> RateLimiter:
-    """The process-wide limiter for ``provider`` at this rate: every client built with the
-    same provider and rate shares it, so probes in all threads draw from one bucket."""
+def set_limiter_factory(factory: LimiterFactory | None) -> None:
+    """Have :func:`shared_limiter` build its limiters with ``factory(provider, rate, burst,
+    account)`` (one shared by all worker processes), or again in-process with None.
+    Limiters handed out before are forgotten: clients built afterwards get new ones."""
+    global _factory
     with _shared_lock:
-        limiter = _shared.get((provider, rate, burst))
+        _factory = factory
+        _shared.clear()
+
+
+def shared_limiter(provider: str, rate: float, burst: int = 1, account: str = "") -> Limiter:
+    """The process-wide limiter for ``provider`` (and ``account``, one credential's budget,
+    never the credential itself) at this rate: every client built with the same values
+    shares it, so probes in all threads draw from one bucket; with a factory installed
+    (:func:`set_limiter_factory`), every process does."""
+    key = (provider, account, rate, burst)
+    with _shared_lock:
+        limiter = _shared.get(key)
         if limiter is None:
-            limiter = _shared[(provider, rate, burst)] = RateLimiter(provider, rate, burst)
+            if _factory is None:
+                limiter = RateLimiter(provider, rate, burst)
+            else:
+                limiter = _factory(provider, rate, burst, account)
+            _shared[key] = limiter
         return limiter
 
 
@@ -137,7 +210,9 @@ def _reset_after_fork() -> None:
     global _shared_lock
     _shared_lock = threading.Lock()
     for limiter in _shared.values():
-        limiter._after_fork()
+        after_fork = getattr(limiter, "_after_fork", None)
+        if after_fork is not None:
+            after_fork()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)

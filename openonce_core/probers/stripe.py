@@ -25,21 +25,45 @@ payment intent it refunded (a list reads the primary store) and matching the met
 "refund" lists refunds and every other tool searches PaymentIntents.
 
 The search index is eventually consistent (usually under a minute, up to an hour during
-incidents), which shapes the rules:
+outages) and not available to every account (India: Stripe answers 400, "The search
+feature is temporarily unavailable in your region."). The list API
+(``GET /v1/payment_intents`` or ``/v1/charges`` with ``created[gte]``/``created[lte]``)
+reads the primary store; the prober lists the objects created from the effect's creation
+less ``CREATED_SKEW_SECONDS`` to now plus that skew, every page, and matches the metadata.
+The rules:
 
 * one object stamped with this effect's provider key: HAPPENED, with a receipt;
 * several: INCONCLUSIVE, they may be duplicates and that is a person's call;
-* none while the attempt is younger than ``index_lag_seconds`` (searches only):
-  INCONCLUSIVE, a young miss (the index may not have the object yet);
-* none past the lag: NOT_HAPPENED, a mature miss. What makes re-arming on it safe is the
-  backstop: for 24 hours after a key's first use Stripe answers a re-send carrying the
-  same Idempotency-Key with the original result instead of charging again, so a miss the
-  index got wrong cannot become a double charge. Past that window the detail says the
-  miss rests on the read alone;
+* no hit on the search while the attempt is younger than ``index_lag_seconds``:
+  INCONCLUSIVE, a young miss, with ``retry_after`` = the time left until the lag has passed
+  plus ``maturity_margin_seconds``: the reconciler asks again then, not a person now. The
+  age runs from when the effect went UNKNOWN (``probe.attempt_ended_at``) on the clock the
+  reconciler binds (``bind_clock``: the ledger's, the database's on Postgres);
+* no hit on the search past the lag: the list decides (an outage can hold the index back
+  far longer than its normal lag). The list is also the read when search is unavailable;
+* a miss on a list, within Stripe's idempotency window (``idempotency_window_seconds``,
+  24 hours after the key's first use): NOT_HAPPENED. What makes re-arming on it safe is
+  the backstop: Stripe answers a re-send carrying the same Idempotency-Key with the
+  original result instead of charging again;
+* a miss past that window: INCONCLUSIVE, for a person. A re-send would be a new request,
+  and a miss alone (a handler that forgot the stamp) is not enough to charge again;
 * Stripe could not be asked (429, 5xx, a timeout, a revoked key): the client raises a
   ``ProbeError`` (``ProbeTransientError`` / ``ProbeCredentialError``) and the reconciler
   decides when to ask again. A malformed answer is INCONCLUSIVE. Could not verify is not
   did not happen.
+
+A client with only ``search_payment_intents`` (the protocol's minimum) cannot list: a
+mature search miss then rests on the search, inside the idempotency window only.
+
+``StripeProber.verify(effect, receipt)`` checks a receipt a person offers (the console):
+it retrieves the object ``receipt["stripe_id"]`` names (``GET /v1/refunds/{id}``,
+``/v1/payment_intents/{id}`` or ``/v1/charges/{id}`` by its prefix: ``re_``, ``pi_``,
+``ch_``/``py_``, which must be what the tool creates) and answers HAPPENED, with a receipt
+of Stripe's own values and ``provider_reference`` the effect's provider key, only when the
+object's metadata carries this effect's provider key and, if it has one, its effect id.
+Anything else is INCONCLUSIVE saying why (another kind of object, no stamp, another
+effect's stamp, an id Stripe does not have, Stripe could not be asked); it never raises for
+Stripe's failures and sends nothing for an id that cannot be the tool's object.
 
 Every request carries a pinned ``Stripe-Version`` (search needs 2020-08-27 or later) and,
 for Connect, ``Stripe-Account``.
@@ -47,6 +71,10 @@ for Connect, ``Stripe-Account``.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import math
+import re
 import time
 import urllib.parse
 import urllib.request
@@ -54,7 +82,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from ..errors import ProbeCredentialError, ProbeError, ProbeTransientError
-from ..probe import ProbeOutcome, ProbeResult
+from ..probe import MATURITY_MARGIN_SECONDS, ProbeOutcome, ProbeResult, attempt_ended_at
 from ..records import Effect
 from ._http import (
     USER_AGENT,
@@ -76,11 +104,17 @@ PROVIDER = "stripe"
 STRIPE_VERSION = "2025-03-31.basil"
 # Stripe allows about 20 search reads per second per account; the default stays a tenth
 # under it because requests leave with jitter (a bucket at exactly the limit can put 21
-# into one second at the provider). Per worker process: with N processes probing one
-# account, give each 18 / N.
+# into one second at the provider). The daemon shares it across worker processes through
+# Redis (reconciler.ratelimit); processes without it each take the whole rate.
 SEARCH_REQUESTS_PER_SECOND = 18.0
 OBJECTS = ("payment_intents", "charges", "refunds")
 _NAMES = {"payment_intents": "PaymentIntent", "charges": "Charge", "refunds": "Refund"}
+# Which objects an id names, by its prefix (py_ is a Charge made by a non-card method).
+ID_PREFIXES = {"payment_intents": ("pi_",), "charges": ("ch_", "py_"), "refunds": ("re_",)}
+_STRIPE_ID = re.compile(r"[A-Za-z0-9_]{4,255}")  # also keeps an id from changing the path
+# How far Stripe's clock (an object's ``created``) and the ledger's (the effect's
+# created_at) may disagree: the list window is widened by this much on both sides.
+CREATED_SKEW_SECONDS = 300.0
 # Where a refund tool's arguments name what it refunded, and which list filter that is.
 REFUND_PARENT_ARGS = (
     ("payment_intent", "payment_intent"),
@@ -118,7 +152,12 @@ class StripeSearchClient(Protocol):
 
     Clients for the other objects add ``search_charges(provider_key)`` and
     ``list_refunds(charge=..., payment_intent=...)`` (every refund of that charge or
-    payment intent); :class:`StripeRestClient` has all three.
+    payment intent). ``list_payment_intents`` / ``list_charges(created_gte,
+    created_lte)`` return every object created in that window (Unix seconds, both
+    ends included), for accounts without search and to confirm a mature search miss; a
+    client without them leaves a mature search miss to the search alone. ``retrieve(
+    objects, stripe_id)`` returns one object (a ``StripeReadError`` with status 404 when
+    Stripe has none) for :meth:`StripeProber.verify`. :class:`StripeRestClient` has all.
     """
 
     def search_payment_intents(self, provider_key: str) -> list[dict[str, Any]]: ...
@@ -132,6 +171,19 @@ class StripeReadError(ProbeError):
         super().__init__(PROVIDER, detail, status=status)
 
 
+class StripeSearchUnavailableError(StripeReadError):
+    """Stripe's search is not available to this account (India): the prober reads the
+    list API instead."""
+
+
+def _search_unavailable(status: int, message: str) -> bool:
+    """Stripe answers 400 (invalid_request_error) when the account has no search; the words
+    seen so far: "The search feature is temporarily unavailable in your region.",
+    "search feature unavailable for merchant"."""
+    text = message.lower()
+    return status == 400 and "search" in text and ("unavailable" in text or "not available" in text)
+
+
 class StripeProber:
     """Probes ``stripe.*`` effects by the metadata the handler stamped (see module doc).
 
@@ -139,6 +191,10 @@ class StripeProber:
     ``"refunds"``; None picks refunds for tools named ``*refund*`` and PaymentIntents for
     the rest. ``account_arg`` names an effect argument holding a Connect account id
     (``acct_...``) to read as, when effects act on connected accounts.
+
+    ``clock`` is the time an effect's age is measured against. Leave it None: a
+    :class:`~openonce_core.reconcile.Reconciler` binds its own (``bind_clock``), the clock
+    the effect's timestamps were written with; unbound, this host's ``time.time``.
     """
 
     capability = "stripe"
@@ -151,19 +207,36 @@ class StripeProber:
         objects: str | None = None,
         index_lag_seconds: float = 120.0,
         idempotency_window_seconds: float = 86400.0,
+        maturity_margin_seconds: float = MATURITY_MARGIN_SECONDS,
         account_arg: str | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
-        if index_lag_seconds < 0 or idempotency_window_seconds < 0:
-            raise ValueError("index_lag_seconds and idempotency_window_seconds must be >= 0")
+        for name, seconds in (
+            ("index_lag_seconds", index_lag_seconds),
+            ("idempotency_window_seconds", idempotency_window_seconds),
+            ("maturity_margin_seconds", maturity_margin_seconds),
+        ):
+            # NaN would make every miss mature at once (age < NaN is never true).
+            if not (math.isfinite(seconds) and seconds >= 0):
+                raise ValueError(f"{name} must be a number of seconds >= 0, not {seconds!r}")
         if objects is not None and objects not in OBJECTS:
             raise ValueError(f"objects must be one of {', '.join(OBJECTS)}, not {objects!r}")
         self.client = client
         self.objects = objects
         self.index_lag_seconds = index_lag_seconds
         self.idempotency_window_seconds = idempotency_window_seconds
+        self.maturity_margin_seconds = maturity_margin_seconds
         self.account_arg = account_arg
         self.clock = clock
+        self._bound: Callable[[], float] | None = None
+
+    def bind_clock(self, now: Callable[[], float]) -> None:
+        """Measure ages on ``now`` (the reconciler's clock) unless a clock was given."""
+        self._bound = now
+
+    def now(self) -> float:
+        clock = self.clock or self._bound
+        return clock() if clock is not None else time.time()
 
     @classmethod
     def from_api_key(
@@ -206,31 +279,79 @@ class StripeProber:
         key = effect.provider_key
         objects = self.objects_for(effect.tool)
         name = _NAMES[objects]
-        options: dict[str, Any] = {}
-        if self.account_arg is not None:
-            account = effect.args.get(self.account_arg)
-            if not (isinstance(account, str) and account.startswith("acct_")):
+        options, problem = self._options(effect)
+        if problem:
+            return _inconclusive(problem)
+        if objects == "refunds":
+            parent = _refund_parent(effect.args)
+            if parent is None:
                 return _inconclusive(
-                    f"cannot probe: the effect's {self.account_arg!r} argument should hold"
-                    f" the Connect account id (acct_...), got {account!r}"
+                    "cannot probe a refund: Refunds are not searchable, and the effect's"
+                    " args name no charge or payment_intent whose refunds could be listed"
                 )
-            options["stripe_account"] = account
-        parent = _refund_parent(effect.args) if objects == "refunds" else None
-        if objects == "refunds" and parent is None:
-            return _inconclusive(
-                "cannot probe a refund: Refunds are not searchable, and the effect's"
-                " args name no charge or payment_intent whose refunds could be listed"
+            where = f"the refunds of {parent[1]}"
+            found = self._read(where, "list_refunds", **{parent[0]: parent[1]}, **options)
+            if isinstance(found, ProbeResult):
+                return found
+            listed: dict[str, Any] = {"objects": objects, "read": "list"}
+            miss = f"miss: {where} (a list, not the search index) holds no {name} with"
+            return self._match(effect, name, where, found, listed, listed=True) or self._miss(
+                effect, f"{miss} provider key {key}", listed
             )
-        where = f"the refunds of {parent[1]}" if parent is not None else f"Stripe's {name} search"
+        where = f"Stripe's {name} search"
         try:
-            if parent is not None:
-                found = _call(self.client, "list_refunds", **{parent[0]: parent[1]}, **options)
-            elif objects == "charges":
-                found = _call(self.client, "search_charges", key, **options)
-            else:
-                found = _call(self.client, "search_payment_intents", key, **options)
+            found = self._read(where, f"search_{objects}", key, **options)
+        except StripeSearchUnavailableError as exc:
+            # Some accounts have no search (India): the list API reads the same objects.
+            why = f"search is not available to this account ({exc.detail})"
+            return self._by_list(effect, objects, options, why, {"objects": objects})
+        if isinstance(found, ProbeResult):
+            return found
+        observed: dict[str, Any] = {"objects": objects, "read": "search"}
+        hit = self._match(effect, name, where, found, observed, listed=False)
+        if hit is not None:
+            return hit
+        at = self.now()
+        age = at - max(effect.created_at, attempt_ended_at(effect))
+        observed["age_seconds"] = round(age, 3)
+        lag = self.index_lag_seconds
+        if age < lag:
+            # Ask again once the lag has passed, plus a margin: the request may have reached
+            # Stripe a little after the attempt ended, and a clock not bound to the ledger's
+            # may read a little behind it.
+            wait = lag - age + self.maturity_margin_seconds
+            return _inconclusive(
+                f"young miss: no {name} carries provider key {key} yet, but the attempt"
+                f" is {age:.0f}s old and Stripe's search index may lag {lag:g}s;"
+                f" probe again in {wait:.0f}s",
+                observed,
+                retry_after=wait,
+            )
+        # Past the normal lag the index is still no proof: during an outage it lags up to
+        # an hour. The list API reads Stripe's primary store: it decides.
+        why = f"mature miss: no {name} carries provider key {key} {age:.0f}s after the attempt"
+        why += f", past the {lag:g}s index lag"
+        return self._by_list(effect, objects, options, why, observed)
+
+    def _options(self, effect: Effect) -> tuple[dict[str, Any], str]:
+        """The Connect account to read as, or why the effect cannot be probed."""
+        if self.account_arg is None:
+            return {}, ""
+        account = effect.args.get(self.account_arg)
+        if not (isinstance(account, str) and account.startswith("acct_")):
+            return {}, (
+                f"cannot probe: the effect's {self.account_arg!r} argument should hold"
+                f" the Connect account id (acct_...), got {account!r}"
+            )
+        return {"stripe_account": account}, ""
+
+    def _read(self, where: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """The client's answer, or an inconclusive result for a client's own bug. Stripe
+        not answering raises a ``ProbeError``: the reconciler decides when to ask again."""
+        try:
+            found = _call(self.client, method, *args, **kwargs)
         except ProbeError:
-            raise  # Stripe could not be asked: the reconciler decides when to ask again
+            raise
         except (TimeoutError, ConnectionError) as exc:
             raise ProbeTransientError(PROVIDER, f"{where}: {type(exc).__name__}: {exc}") from exc
         except OSError as exc:
@@ -239,14 +360,60 @@ class StripeProber:
             return _inconclusive(f"{where} failed: {type(exc).__name__}: {exc}"[:500])
         if not isinstance(found, list) or not all(isinstance(o, dict) for o in found):
             return _inconclusive(f"{where} returned {type(found).__name__}, not a list of objects")
-        # The read asked for this key; anything not stamped with it is a wrapper or a
-        # query gone wrong (or, for refunds, another refund of the same charge). It is
-        # ignored, and if a search returned only such objects, the read is suspect.
+        return found
+
+    def _by_list(
+        self,
+        effect: Effect,
+        objects: str,
+        options: dict[str, Any],
+        why: str,
+        observed: dict[str, Any],
+    ) -> ProbeResult:
+        """Look for the object in Stripe's list of the objects created around the effect:
+        from its creation less ``CREATED_SKEW_SECONDS`` (Stripe's clock and the ledger's
+        differ; nothing the attempt made is older) to now plus the skew (a request still
+        in flight when the attempt ended lands later)."""
+        name = _NAMES[objects]
+        method = f"list_{objects}"
+        if not callable(getattr(self.client, method, None)):
+            # A client with search only (the protocol's minimum): the search decides, and
+            # within the idempotency window the backstop covers a lagging index.
+            observed["read"] = "search"
+            return self._miss(
+                effect, f"{why} (not checked on a list: the client has no {method}())", observed
+            )
+        gte = math.floor(effect.created_at - CREATED_SKEW_SECONDS)
+        lte = math.ceil(self.now() + CREATED_SKEW_SECONDS)
+        where = f"the {name}s created between {gte} and {lte} (Stripe's list API)"
+        found = self._read(where, method, gte, lte, **options)
+        if isinstance(found, ProbeResult):
+            return found
+        observed.update(read="list", created_gte=gte, created_lte=lte)
+        hit = self._match(effect, name, where, found, observed, listed=True)
+        if hit is not None:
+            return dataclasses.replace(hit, detail=f"{hit.detail}; {why}, found on {where}")
+        return self._miss(effect, f"{why}; {where} holds none either", observed)
+
+    def _match(
+        self,
+        effect: Effect,
+        name: str,
+        where: str,
+        found: list[dict[str, Any]],
+        observed: dict[str, Any],
+        *,
+        listed: bool,
+    ) -> ProbeResult | None:
+        """What the objects read say: HAPPENED, INCONCLUSIVE, or None for a clean miss."""
+        key = effect.provider_key
+        # The read asked for this key; anything not stamped with it is, for a search, a
+        # wrapper or a query gone wrong, and if it returned only such objects the read is
+        # suspect. A list returns every object of the window (or refund of the charge).
         mine = [o for o in found if _metadata(o).get(PROVIDER_KEY_FIELD) == key]
         ignored = len(found) - len(mine)
-        observed: dict[str, Any] = {"objects": objects, "matches": len(mine)}
-        observed["ignored_unrelated"] = ignored
-        if not mine and ignored and objects != "refunds":
+        observed.update(matches=len(mine), ignored_unrelated=ignored)
+        if not mine and ignored and not listed:
             return _inconclusive(
                 f"{where} for provider key {key} returned {ignored} {name}(s),"
                 " none stamped with that key: a suspicious read, not evidence",
@@ -270,7 +437,7 @@ class StripeProber:
             )
         if mine:
             return self._found(effect, mine[0], name, observed)
-        return self._missed(effect, objects, where, observed)
+        return None
 
     def _found(
         self, effect: Effect, obj: dict[str, Any], name: str, observed: dict[str, Any]
@@ -297,61 +464,103 @@ class StripeProber:
             observed=observed,
         )
 
-    def _missed(
-        self, effect: Effect, objects: str, where: str, observed: dict[str, Any]
-    ) -> ProbeResult:
-        at = self.clock()
-        # The latest timestamp is the conservative one: the request left no later than
-        # the effect went UNKNOWN, and Stripe may have indexed it only after that.
-        age = at - max(effect.created_at, effect.updated_at)
-        observed["age_seconds"] = round(age, 3)
+    def _miss(self, effect: Effect, detail: str, observed: dict[str, Any]) -> ProbeResult:
+        """A miss on a read that has had time to see the object. Within Stripe's
+        idempotency window it is NOT_HAPPENED: a re-send with the same key cannot charge
+        twice. Past it nothing backs a miss up (a handler that forgot the stamp, an object
+        the read cannot see): a person decides."""
         key = effect.provider_key
-        name = _NAMES[objects]
-        # A list reads the primary store; only the search index lags behind writes.
-        lag = 0.0 if objects == "refunds" else self.index_lag_seconds
-        if age < lag:
-            return _inconclusive(
-                f"young miss: no {name} carries provider key {key} yet, but the attempt"
-                f" is {age:.0f}s old and Stripe's search index may lag {lag:g}s;"
-                " probe again later",
-                observed,
-            )
         # The key was first sent no earlier than the effect was created, so measuring its
         # age from created_at never overstates how long Stripe still remembers it.
-        key_age = at - effect.created_at
-        if lag:
-            detail = (
-                f"mature miss: no {name} carries provider key {key}"
-                f" {age:.0f}s after the attempt, past the {lag:g}s index lag"
-            )
-        else:
-            detail = (
-                f"miss: {where} (a list, not the search index) holds no {name}"
-                f" with provider key {key}"
-            )
-        if key_age < self.idempotency_window_seconds:
-            remaining = self.idempotency_window_seconds - key_age
-            detail += (
-                f". Backstop: Stripe deduplicates Idempotency-Key {key} for"
-                f" {self.idempotency_window_seconds:g}s after its first use and the key is at"
-                f" most {key_age:.0f}s old, so a re-send with it in the next {remaining:.0f}s"
-                " returns the original result instead of charging twice"
-            )
+        key_age = self.now() - effect.created_at
+        window = self.idempotency_window_seconds
+        if key_age < window:
             observed["idempotency_backstop"] = True
-        else:
-            detail += (
-                f". The key is {key_age:.0f}s old, past Stripe's"
-                f" {self.idempotency_window_seconds:g}s idempotency window: a re-send is a new"
-                f" request, so this miss rests on the {'search index' if lag else 'refund list'}"
-                " alone"
+            return ProbeResult(
+                ProbeOutcome.NOT_HAPPENED,
+                detail=(
+                    f"{detail}. Backstop: Stripe deduplicates Idempotency-Key {key} for"
+                    f" {window:g}s after its first use and the key is at most {key_age:.0f}s"
+                    f" old, so a re-send with it in the next {window - key_age:.0f}s returns"
+                    " the original result instead of charging twice"
+                ),
+                provider_reference=key,
+                observed=observed,
             )
-            observed["idempotency_backstop"] = False
-        return ProbeResult(
-            ProbeOutcome.NOT_HAPPENED,
-            detail=detail,
-            provider_reference=key,
-            observed=observed,
+        observed["idempotency_backstop"] = False
+        return _inconclusive(
+            f"{detail}. The key is {key_age:.0f}s old, past Stripe's {window:g}s idempotency"
+            " window: a re-send would be a new request, so a miss is not enough to re-arm it;"
+            f" a person should check Stripe for provider key {key}",
+            observed,
         )
+
+    def verify(self, effect: Effect, receipt: Any) -> ProbeResult:
+        """Is ``receipt`` (``{"stripe_id": ...}``, offered by a person) this effect's?
+
+        Retrieves the object it names, read where the tool creates objects (``re_`` a
+        Refund, ``pi_`` a PaymentIntent, ``ch_``/``py_`` a Charge), and answers HAPPENED,
+        with the receipt Stripe's own values make, only when its metadata carries this
+        effect's provider key (and its effect id, if it has one). Anything else is
+        INCONCLUSIVE with the reason: another kind of object, no stamp, another effect's
+        stamp, an id Stripe does not have, or Stripe could not be asked. Never raises for
+        Stripe's failures; sends nothing for an id that cannot be the tool's object."""
+        objects = self.objects_for(effect.tool)
+        name = _NAMES[objects]
+        stripe_id = receipt.get("stripe_id") if isinstance(receipt, dict) else None
+        if not isinstance(stripe_id, str) or not stripe_id:
+            return _inconclusive("the receipt has no stripe_id naming a Stripe object")
+        if not _STRIPE_ID.fullmatch(stripe_id):
+            return _inconclusive(f"{stripe_id[:64]!r} is not a Stripe object id")
+        kind = next((o for o, prefixes in ID_PREFIXES.items() if stripe_id.startswith(prefixes)),
+                    None)  # fmt: skip
+        if kind is None:
+            return _inconclusive(
+                f"{stripe_id} is not an id of a {name} ({', '.join(ID_PREFIXES[objects])}...),"
+                f" what {effect.tool} creates"
+            )
+        if kind != objects:
+            return _inconclusive(
+                f"{stripe_id} is a {_NAMES[kind]}, but {effect.tool} creates {name}s:"
+                " the receipt names another kind of object"
+            )
+        options, problem = self._options(effect)
+        if problem:
+            return _inconclusive(problem)
+        try:
+            obj = _call(self.client, "retrieve", objects, stripe_id, **options)
+        except StripeReadError as exc:
+            if exc.status == 404:
+                return _inconclusive(f"Stripe has no {name} {stripe_id} (404): {exc.detail}")
+            return _could_not_ask(name, stripe_id, exc)
+        except ProbeError as exc:
+            return _could_not_ask(name, stripe_id, exc)
+        except OSError as exc:
+            return _could_not_ask(name, stripe_id, transport_error(PROVIDER, exc, "retrieve"))
+        if not isinstance(obj, dict) or obj.get("id") != stripe_id:
+            return _inconclusive(f"Stripe's answer for {stripe_id} is not that {name}")
+        metadata = _metadata(obj)
+        key = metadata.get(PROVIDER_KEY_FIELD)
+        observed = {"objects": objects, "read": "retrieve"}
+        if key is None:
+            return _inconclusive(
+                f"{name} {stripe_id} carries no {PROVIDER_KEY_FIELD}: nothing ties it to"
+                f" this effect (provider key {effect.provider_key})",
+                observed,
+            )
+        if key != effect.provider_key:
+            return _inconclusive(
+                f"{name} {stripe_id} carries provider key {key!r}, not this effect's"
+                f" {effect.provider_key}: another call's object",
+                observed,
+            )
+        other = metadata.get(EFFECT_ID_FIELD)
+        if other not in (None, effect.id):
+            return _inconclusive(
+                f"{name} {stripe_id} carries effect id {other!r}, not {effect.id}: wrong identity",
+                observed,
+            )
+        return self._found(effect, obj, name, observed)
 
 
 class StripeRestClient:
@@ -366,6 +575,8 @@ class StripeRestClient:
     """
 
     max_refund_pages = 10
+    max_list_pages = 10  # of a created window: more is a person's look, not a guess
+    list_page_size = 100
 
     def __init__(
         self,
@@ -390,7 +601,12 @@ class StripeRestClient:
         self.timeout = timeout
         self.stripe_account = stripe_account
         self.stripe_version = stripe_version
-        self.limiter = limiter or shared_limiter(PROVIDER, requests_per_second)
+        # The budget is this key's at this API (and Connect account): its limiter is named
+        # by a digest of them, never the key itself (names show up in Redis and logs).
+        self.account = _budget_account(self.base_url, api_key, stripe_account)
+        self.limiter = limiter or shared_limiter(
+            PROVIDER, requests_per_second, account=self.account
+        )
         self._open_url = open_url
 
     def __repr__(self) -> str:  # never show the key in logs or probe details
@@ -435,6 +651,51 @@ class StripeRestClient:
         raise StripeReadError(
             f"more than {self.max_refund_pages * 100} refunds on {charge or payment_intent};"
             " look by hand"
+        )
+
+    def list_payment_intents(
+        self, created_gte: int, created_lte: int, *, stripe_account: str | None = None
+    ) -> list[dict[str, Any]]:
+        return self._created_between("payment_intents", created_gte, created_lte, stripe_account)
+
+    def list_charges(
+        self, created_gte: int, created_lte: int, *, stripe_account: str | None = None
+    ) -> list[dict[str, Any]]:
+        return self._created_between("charges", created_gte, created_lte, stripe_account)
+
+    def retrieve(
+        self, objects: str, stripe_id: str, *, stripe_account: str | None = None
+    ) -> dict[str, Any]:
+        """One object by id: ``GET /v1/{objects}/{stripe_id}``."""
+        if objects not in OBJECTS or not _STRIPE_ID.fullmatch(stripe_id):
+            raise ValueError(f"cannot retrieve {objects!r} {stripe_id!r}")
+        return self._get(
+            f"/v1/{objects}/{stripe_id}", {}, stripe_account, f"retrieving {stripe_id}"
+        )
+
+    def _created_between(
+        self, objects: str, gte: int, lte: int, stripe_account: str | None
+    ) -> list[dict[str, Any]]:
+        """Every object created in [gte, lte], newest first, paged through."""
+        params: dict[str, Any] = {
+            "created[gte]": int(gte), "created[lte]": int(lte), "limit": self.list_page_size,
+        }  # fmt: skip
+        found: list[dict[str, Any]] = []
+        for _ in range(self.max_list_pages):
+            body = self._get(f"/v1/{objects}", params, stripe_account, f"listing {objects}")
+            page = _data(body, f"{objects} list")
+            found.extend(page)
+            if body.get("has_more") is not True:
+                return found
+            last = page[-1].get("id") if page else None
+            if not isinstance(last, str):
+                raise StripeReadError(
+                    f"the {objects} list says has_more but its last item has no id"
+                )
+            params["starting_after"] = last
+        raise StripeReadError(
+            f"more than {self.max_list_pages * self.list_page_size} {objects} created between"
+            f" {gte} and {lte}; look by hand"
         )
 
     def _search(
@@ -486,6 +747,8 @@ class StripeRestClient:
             return ProbeCredentialError(
                 PROVIDER, detail + " (check the API key and its read permissions)", status=status
             )
+        if _search_unavailable(status, message):
+            return StripeSearchUnavailableError(detail, status=status)
         return StripeReadError(detail, status=status)
 
 
@@ -525,10 +788,34 @@ def _metadata(obj: dict[str, Any]) -> dict[str, Any]:
     return metadata if isinstance(metadata, dict) else {}
 
 
+def _budget_account(base_url: str, api_key: str, stripe_account: str | None) -> str:
+    """The name of one key's rate budget: the same in every process, and no use to anyone
+    who reads it (a truncated SHA-256 of the API base, the key and the Connect account)."""
+    text = f"{base_url}\n{api_key}\n{stripe_account or ''}"
+    return "key-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def _search_literal(value: str) -> str:
     """A value for a quoted Stripe search clause: backslash escapes quotes."""
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
-def _inconclusive(detail: str, observed: dict[str, Any] | None = None) -> ProbeResult:
-    return ProbeResult(ProbeOutcome.INCONCLUSIVE, detail=detail, observed=observed or {})
+def _inconclusive(
+    detail: str, observed: dict[str, Any] | None = None, *, retry_after: float | None = None
+) -> ProbeResult:
+    return ProbeResult(
+        ProbeOutcome.INCONCLUSIVE, detail=detail, observed=observed or {}, retry_after=retry_after
+    )
+
+
+def _could_not_ask(name: str, stripe_id: str, exc: ProbeError) -> ProbeResult:
+    """verify() answers a person: Stripe's failure is said, not raised."""
+    observed: dict[str, Any] = {"probe_error": True, "provider": PROVIDER}
+    if exc.status is not None:
+        observed["status"] = exc.status
+    if isinstance(exc, ProbeTransientError):
+        observed["transient"] = True
+    return _inconclusive(
+        f"Stripe could not be asked for {name} {stripe_id}: {exc.detail}; try again later",
+        observed,
+    )

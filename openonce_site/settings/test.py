@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from openonce_site.env import env_float, env_int
+from openonce_site.env import env_float, env_int, env_str
 
 from .base import *  # noqa: F403
 from .base import SECRET_KEY
@@ -14,3 +14,7 @@ OPENONCE_PROBE_RETRY_BACKOFF = env_float("OPENONCE_PROBE_RETRY_BACKOFF", 0.2)
 # passwords would add up to one address's lockout; the throttle's own tests set the
 # limits they test.
 OPENONCE_SIGNIN_ADDRESS_LIMIT = env_int("OPENONCE_SIGNIN_ADDRESS_LIMIT", 1000, minimum=1)
+# The pytest process's probers limit on their own: a pause one test provokes must not hold
+# the next test (or a concurrent run) through a shared Redis key. Daemon tests give their
+# workers the shared limiter on the stack's own Redis database (tests/support/daemon.py).
+OPENONCE_RATE_LIMIT_REDIS = env_str("OPENONCE_RATE_LIMIT_REDIS", "off")

@@ -4,6 +4,8 @@ secondary rate limits told apart from a permissions 403."""
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -182,3 +184,162 @@ def test_a_slow_reply_is_a_transient_timeout(github):
     github.fail_next(200, body=[], delay=1.0)
     with pytest.raises(ProbeTransientError, match="timed out"):
         prober(github, timeout=0.2).probe(pr_effect())
+
+
+# -- GitHub's rules for a well-behaved client (issue 18, item 5) ---------------------------
+
+
+def test_one_request_of_a_token_is_in_flight_at_a_time_in_the_process(github):
+    # GitHub: "make requests serially instead of concurrently". Four threads probing with
+    # one token, a generous rate: the server never has two of them at once.
+    github.add_pull("acme", "api", "fix-login")
+    github.delay = 0.05
+    p = prober(github)
+    outcomes: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda: outcomes.append(p.probe(pr_effect()).outcome))
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert outcomes == [ProbeOutcome.HAPPENED] * 4
+    assert github.peak_in_flight == 1
+
+
+def test_a_request_that_cannot_get_its_turn_in_time_is_not_sent(github):
+    github.add_pull("acme", "api", "fix-login")
+    github.delay = 0.5
+    slow = prober(github, timeout=5.0)
+    first = threading.Thread(target=lambda: slow.probe(pr_effect()))
+    first.start()
+    deadline = time.monotonic() + 5
+    while not github.seen() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    impatient = prober(github, timeout=0.1)  # same token, same API: same turn to wait for
+    with pytest.raises(ProbeTransientError, match="not asked") as info:
+        impatient.probe(pr_effect())
+    assert info.value.sent is False
+    first.join(30)
+    assert len(github.seen()) == 1
+
+
+def test_a_low_remaining_budget_pauses_until_the_reset(github):
+    # The token's last requests of the hour are left to its other users (the agents that
+    # open PRs): at `reserve` remaining the client stops until GitHub's reset.
+    github.add_pull("acme", "api", "fix-login")
+    github.primary_limit = 103
+    github.reset_at = int(time.time()) + 600
+    limiter = RateLimiter("github", 1000.0)
+    p = prober(github, limiter, reserve=100)
+    for _ in range(3):  # remaining 102, 101, 100
+        assert p.probe(pr_effect()).outcome is ProbeOutcome.HAPPENED
+    with pytest.raises(ProbeTransientError, match="x-ratelimit-remaining is 100") as info:
+        p.probe(pr_effect())
+    assert info.value.sent is False
+    assert info.value.retry_after is not None and 590 < info.value.retry_after <= 600
+    assert len(github.seen()) == 3
+
+
+def test_repeated_secondary_limits_wait_exponentially_longer(github):
+    # "If your request continues to fail due to a secondary rate limit, wait for an
+    # exponentially increasing amount of time between retries" (GitHub's docs).
+    clock = ManualClock()
+    p = prober(github, RateLimiter("github", 100.0, clock=clock))
+    github.add_pull("acme", "api", "fix-login")
+    waits = []
+    for _ in range(6):
+        github.secondary_limit_next()
+        with pytest.raises(ProbeTransientError, match="secondary rate limit") as info:
+            p.probe(pr_effect())
+        assert info.value.retry_after is not None
+        waits.append(info.value.retry_after)
+        clock.advance(info.value.retry_after + 1)  # asks again soon after the pause
+    assert waits == [60.0, 120.0, 240.0, 480.0, 900.0, 900.0]  # doubling, capped
+    clock.advance(3600)  # quiet for long: the next limit starts again at a minute
+    github.secondary_limit_next()
+    with pytest.raises(ProbeTransientError) as again:
+        p.probe(pr_effect())
+    assert again.value.retry_after == 60.0
+
+
+def test_the_default_client_asks_well_under_the_hourly_budget():
+    client = GitHubRestClient(TOKEN)
+    assert client.limiter.rate * 3600 <= 4000  # of GitHub's 5,000 an hour per token
+
+
+# -- a receipt a person gives, checked at GitHub --------------------------------------------
+
+
+def dated_effect(**args: Any) -> Effect:
+    return dataclasses.replace(pr_effect(**args), created_at=time.time() - 60)
+
+
+@pytest.mark.parametrize("field", ["number", "pr_number"])
+def test_a_receipt_naming_this_effects_pr_is_verified(github, field):
+    github.add_pull("acme", "api", "fix-login", sha="c" * 40)
+    result = prober(github).verify(dated_effect(), {field: 1})
+    assert result.outcome is ProbeOutcome.HAPPENED
+    assert result.provider_reference == "acme/api:fix-login"
+    assert result.receipt == {
+        "number": 1, "head": "fix-login", "url": "https://github.com/acme/api/pull/1",
+        "head_sha": "c" * 40,
+    }  # fmt: skip
+    [seen] = github.seen()
+    assert seen.path == "/repos/acme/api/pulls/1"
+
+
+def test_a_receipt_naming_another_heads_pr_is_not_this_effects(github):
+    github.add_pull("acme", "api", "other-branch")
+    result = prober(github).verify(dated_effect(), {"number": 1})
+    assert result.outcome is ProbeOutcome.INCONCLUSIVE
+    assert "acme:other-branch" in result.detail and "not this effect's" in result.detail
+
+
+def test_a_receipt_naming_a_pr_older_than_the_effect_is_not_this_effects(github):
+    github.add_pull("acme", "api", "fix-login", created_at=time.time() - 7 * 24 * 3600)
+    result = prober(github).verify(dated_effect(), {"number": 1})
+    assert result.outcome is ProbeOutcome.INCONCLUSIVE
+    assert "before this effect" in result.detail
+
+
+def test_a_receipt_whose_pr_carries_another_commit_is_not_verified(github):
+    github.add_pull("acme", "api", "fix-login", sha="a" * 40)
+    result = prober(github).verify(dated_effect(head_sha="b" * 40), {"number": 1})
+    assert result.outcome is ProbeOutcome.INCONCLUSIVE
+    assert "b" * 40 in result.detail
+
+
+def test_a_receipt_naming_no_pr_at_github_is_not_happened(github):
+    github.add_pull("acme", "api", "fix-login")
+    result = prober(github).verify(dated_effect(), {"number": 99})
+    assert result.outcome is ProbeOutcome.NOT_HAPPENED
+    assert "no PR #99" in result.detail
+    assert result.provider_reference == "acme/api:fix-login"
+
+
+@pytest.mark.parametrize(
+    "receipt",
+    [{}, {"number": "seven"}, {"number": True}, {"number": 0}, {"number": 1, "pr_number": 2}],
+)
+def test_a_malformed_receipt_is_not_looked_up(github, receipt):
+    result = prober(github).verify(dated_effect(), receipt)
+    assert result.outcome is ProbeOutcome.INCONCLUSIVE
+    assert "receipt" in result.detail
+    assert github.seen() == []
+
+
+def test_an_unreadable_reset_time_never_pauses_for_ever(github):
+    # A proxy or a GitHub Enterprise that sends x-ratelimit-reset "inf": no endless pause,
+    # the refusal that follows is read as a rate limit without a wait (a minute).
+    github.add_pull("acme", "api", "fix-login")
+    github.primary_limit = 1
+    github.reset_at = float("inf")  # type: ignore[assignment]
+    limiter = RateLimiter("github", 1000.0)
+    p = prober(github, limiter)
+    assert p.probe(pr_effect()).outcome is ProbeOutcome.HAPPENED  # remaining 0, reset "inf"
+    assert limiter.paused_for() == 0
+    with pytest.raises(ProbeTransientError, match="rate limit exceeded") as info:
+        p.probe(pr_effect())
+    assert info.value.retry_after == 60.0

@@ -5,6 +5,7 @@ sent folder by SPECIAL-USE, and tells a refused login from a dropped connection.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,6 +124,8 @@ def test_the_lag_window_is_passed_through_from_imap(imap, pki):
     assert p.index_lag_seconds == 900
     young = p.probe(email_effect(age=600))
     assert young.outcome is ProbeOutcome.INCONCLUSIVE and "young miss" in young.detail
+    # It says when to ask again: the lag left plus the margin (10 s), not "ask a person".
+    assert 300 + 10 - 5 <= (young.retry_after or 0) <= 300 + 10
     mature = p.probe(email_effect(age=1000))
     assert mature.outcome is ProbeOutcome.NOT_HAPPENED
 
@@ -151,3 +154,132 @@ def test_nothing_listening_is_transient(pki, tmp_path: Path):
     p = EmailMessageIdProber(folder, authoritative=False, domain=DOMAIN)
     with pytest.raises(ProbeTransientError, match="ConnectionRefusedError"):
         p.probe(email_effect())
+
+
+# -- a busy server is not a bad password (issue 18, item 5) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        "NO [UNAVAILABLE] Temporary authentication failure, try again later",  # RFC 5530
+        "NO [ALERT] Too many simultaneous connections. (Failure)",  # Gmail
+        "NO Maximum number of connections from user+IP exceeded",
+    ],
+)
+def test_a_login_refused_because_the_server_is_busy_is_transient(imap, pki, refusal):
+    imap.login_refusal = refusal
+    with pytest.raises(ProbeTransientError, match="busy") as info:
+        prober(imap, pki).probe(email_effect())
+    assert info.value.retry_after is not None and info.value.retry_after >= 30
+    assert refusal.split(" ", 2)[-1][:20] in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        "NO [AUTHENTICATIONFAILED] Invalid credentials (Failure)",
+        "NO [AUTHORIZATIONFAILED] Not allowed to log in, try again later",  # the code decides
+        "NO [ALERT] Please log in via your web browser",
+    ],
+)
+def test_a_login_refused_for_the_credentials_stays_a_credential_error(imap, pki, refusal):
+    imap.login_refusal = refusal
+    with pytest.raises(ProbeCredentialError, match="refused the login"):
+        prober(imap, pki).probe(email_effect())
+
+
+def test_dovecots_connection_limit_bye_is_transient_with_a_retry_hint(imap, pki):
+    imap.max_sessions = 0
+    with pytest.raises(ProbeTransientError, match="Maximum number of connections") as info:
+        prober(imap, pki).probe(email_effect())
+    assert info.value.retry_after is not None
+
+
+def test_connections_per_account_are_capped_in_the_process(imap, pki):
+    # Dovecot allows 2 here; 6 probes at once through one process stay within it: nobody
+    # sees the server's refusal, every probe finds the message.
+    imap.max_sessions = 2
+    imap.delay = 0.02  # each session lasts a while, so the probes overlap
+    imap.add_sent(MID)
+    p = prober(imap, pki, max_connections=2)
+    outcomes: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcomes.append(p.probe(email_effect()).outcome)
+        except Exception as exc:  # recorded, so the assertion shows it
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert outcomes == [ProbeOutcome.HAPPENED] * 6
+    assert imap.peak_sessions == 2
+    assert imap.logins == 6
+
+
+def test_waiting_for_a_connection_past_the_budget_is_transient_and_sends_nothing(imap, pki):
+    imap.add_sent(MID)
+    imap.delay = 0.3  # one probe holds the only connection for a while
+    p = prober(imap, pki, max_connections=1, timeout=5.0)
+    first = threading.Thread(target=lambda: p.probe(email_effect()))
+    first.start()
+    deadline = time.monotonic() + 5
+    while imap.logins == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    folder = p.client
+    assert isinstance(folder, ImapSentFolder)
+    folder.slot_wait = 0.05  # this probe's budget for a free connection
+    with pytest.raises(ProbeTransientError, match="not asked") as info:
+        p.probe(email_effect())
+    assert info.value.sent is False and info.value.retry_after is not None
+    first.join(30)
+    assert imap.logins == 1  # the refused probe never connected
+
+
+# -- a receipt a person gives, checked in the mailbox ---------------------------------------
+
+
+def test_a_receipt_with_this_effects_message_id_is_verified_in_the_mailbox(imap, pki):
+    imap.add_sent(MID)
+    result = prober(imap, pki).verify(email_effect(), {"message_id": MID})
+    assert result.outcome is ProbeOutcome.HAPPENED
+    assert result.receipt == {"message_id": MID, "store_id": "1"}
+    assert result.provider_reference == KEY
+
+
+def test_a_receipt_with_another_message_id_is_not_this_effects(imap, pki):
+    other = message_id_for("oo_" + "12" * 20, DOMAIN)
+    imap.add_sent(other)
+    result = prober(imap, pki).verify(email_effect(), {"message_id": other})
+    assert result.outcome is ProbeOutcome.INCONCLUSIVE
+    assert "not this effect's" in result.detail
+    assert imap.logins == 0  # nothing to look up
+
+
+@pytest.mark.parametrize(
+    "receipt",
+    [{}, {"message_id": ""}, {"message_id": 7}, {"message_id": f"{MID} <x@{DOMAIN}>"}],
+)
+def test_a_receipt_without_exactly_one_message_id_is_not_looked_up(imap, pki, receipt):
+    result = prober(imap, pki).verify(email_effect(), receipt)
+    assert result.outcome is ProbeOutcome.INCONCLUSIVE
+    assert "receipt" in result.detail and imap.logins == 0
+
+
+def test_a_receipt_whose_message_is_not_in_the_store(imap, pki):
+    smtp = prober(imap, pki).verify(email_effect(), {"message_id": MID})
+    assert smtp.outcome is ProbeOutcome.INCONCLUSIVE  # a Sent copy can be missing
+    api = prober(imap, pki, authoritative=True).verify(email_effect(), {"message_id": MID})
+    assert api.outcome is ProbeOutcome.NOT_HAPPENED
+    assert MID in api.detail
+
+
+def test_a_server_too_busy_to_greet_is_transient(imap, pki):
+    imap.greeting = "* BYE [UNAVAILABLE] Too many connections, try again later"
+    with pytest.raises(ProbeTransientError, match="busy") as info:
+        prober(imap, pki).probe(email_effect())
+    assert info.value.retry_after is not None and imap.logins == 0

@@ -187,7 +187,11 @@ def test_stripe_one_match_is_happened_with_a_receipt_bound_to_the_provider_key()
 def test_stripe_searches_by_the_effects_provider_key():
     client = Returning([])
     StripeProber(client, clock=Clock(T0 + 600)).probe(make_effect())
-    assert client.calls == [("search_payment_intents", KEY)]
+    # A mature search miss is confirmed on the list (created within 300 s of the effect).
+    assert client.calls == [
+        ("search_payment_intents", KEY),
+        ("list_payment_intents", T0 - 300, T0 + 900),
+    ]
 
 
 def test_stripe_receipt_keeps_only_json_fields_it_knows():
@@ -233,13 +237,12 @@ def test_stripe_mature_miss_inside_the_idempotency_window_names_the_backstop():
     assert result.observed["idempotency_backstop"] is True
 
 
-def test_stripe_mature_miss_past_the_idempotency_window_says_the_backstop_is_gone():
+def test_stripe_mature_miss_past_the_idempotency_window_goes_to_a_person():
+    # Past the 24 h window a re-send is a new charge: a miss is not enough to re-arm.
     prober = StripeProber(FakeStripe(Clock()), clock=Clock(T0 + 2 * 86400))
     result = prober.probe(make_effect())
-    assert result.outcome is NOT_HAPPENED
-    assert result.provider_reference == KEY
-    assert "past Stripe's 86400s idempotency window" in result.detail
-    assert "rests on the search index alone" in result.detail
+    assert result.outcome is INCONCLUSIVE
+    assert "idempotency window" in result.detail
     assert result.observed["idempotency_backstop"] is False
 
 
@@ -249,8 +252,8 @@ def test_stripe_custom_lag_and_window():
     )
     assert prober.probe(make_effect(created_at=T0 - 5)).outcome is INCONCLUSIVE
     past = prober.probe(make_effect(created_at=T0 - 61))
-    assert past.outcome is NOT_HAPPENED
-    assert "past Stripe's 60s idempotency window" in past.detail
+    assert past.outcome is INCONCLUSIVE
+    assert "60s idempotency window" in past.detail
     with pytest.raises(ValueError):
         StripeProber(FakeStripe(), index_lag_seconds=-1)
 
@@ -906,14 +909,15 @@ def test_e2e_stripe_mature_miss_rearms_and_the_key_backstop_prevents_a_double_ch
     assert oo.get(effect_id).state is EffectState.COMMITTED
 
 
-def test_e2e_stripe_young_miss_goes_to_a_person(oo):
+def test_e2e_stripe_young_miss_is_probed_again_not_sent_to_a_person(oo):
     stripe = FakeStripe()
     charge = stripe_charge(oo, stripe, ["before"])
     with oo.scope("run-1"):
         effect_id = timed_out(lambda: charge(amount_cents=500))
     reconcile(oo, "stripe.charge", StripeProber(stripe))  # grace overridden to 0 < lag
-    assert oo.get(effect_id).state is EffectState.HUMAN_REVIEW
+    assert oo.get(effect_id).state is EffectState.UNKNOWN
     assert "young miss" in last_reason(oo, effect_id)
+    assert oo.journal(effect_id)[-1].action == "reprobe"
 
 
 def test_e2e_stripe_outage_is_journaled_as_a_probe_error(oo):

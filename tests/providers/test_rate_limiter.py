@@ -11,7 +11,7 @@ import time
 import pytest
 
 from openonce_core.errors import ProbeTransientError
-from openonce_core.probers import RateLimiter, shared_limiter
+from openonce_core.probers import RateLimiter, set_limiter_factory, shared_limiter
 from openonce_core.probers._http import retry_after_seconds
 from tests.support.fake_http import ManualClock
 
@@ -120,3 +120,34 @@ def test_retry_after_in_seconds(value, expected):
 def test_retry_after_as_an_http_date():
     assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412450.0) == 30.0
     assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412500.0) == 0.0
+
+
+def test_a_backoff_doubles_while_limits_keep_coming_and_starts_over_after_quiet():
+    bucket, clock, _ = limiter(100.0)
+    assert bucket.backoff(60, 900, "secondary limit") == 60
+    with pytest.raises(ProbeTransientError, match="secondary limit"):
+        bucket.acquire(max_wait=100)
+    clock.advance(61)
+    assert bucket.backoff(60, 900, "secondary limit") == 120  # again, soon after: doubled
+    assert bucket.paused_for() == pytest.approx(120)
+    clock.advance(120 + 121)  # quiet for longer than the last backoff
+    assert bucket.backoff(60, 900, "secondary limit") == 60
+
+
+def test_a_factory_builds_the_shared_limiters_until_it_is_removed():
+    made: list[tuple[str, float, int, str]] = []
+
+    def factory(provider: str, rate: float, burst: int, account: str) -> RateLimiter:
+        made.append((provider, rate, burst, account))
+        return RateLimiter(provider, rate, burst)
+
+    set_limiter_factory(factory)
+    try:
+        first = shared_limiter("factory-test", 3.0, 2, account="acct-1")
+        assert shared_limiter("factory-test", 3.0, 2, account="acct-1") is first
+        assert shared_limiter("factory-test", 3.0, 2, account="acct-2") is not first
+        assert made == [("factory-test", 3.0, 2, "acct-1"), ("factory-test", 3.0, 2, "acct-2")]
+    finally:
+        set_limiter_factory(None)
+    assert shared_limiter("factory-test", 3.0, 2, account="acct-1") is not first
+    assert len(made) == 2

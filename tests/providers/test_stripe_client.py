@@ -232,7 +232,7 @@ def test_a_refused_connection_is_transient():
 
 
 def test_an_unknown_request_is_a_plain_probe_error_not_a_credential_problem(stripe):
-    stripe.fail_next(400, body={"error": {"message": "Search is not available"}})
+    stripe.fail_next(400, body={"error": {"message": "Invalid query: unknown field"}})
     with pytest.raises(Exception) as info:
         StripeProber(client(stripe)).probe(effect())
     assert type(info.value).__name__ == "StripeReadError" and info.value.status == 400

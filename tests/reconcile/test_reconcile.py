@@ -882,13 +882,13 @@ def test_two_reconcilers_racing_resolve_every_effect_exactly_once(store, world, 
                 errors.append(exc)
 
         threads = [threading.Thread(target=sweep, args=(i,)) for i in range(2)]
-        started = time.monotonic()
         for t in threads:
             t.start()
         for t in threads:
             t.join(60)
         assert errors == []
-        assert time.monotonic() - started < 20
+        # Both sweeps finished (none is stuck at the gate); how fast is bench/'s question.
+        assert not any(t.is_alive() for t in threads)
         a, b = reports
         assert a is not None and b is not None
         assert sorted(a.committed + b.committed) == sorted(ids)

@@ -159,6 +159,8 @@ def daemon_env(dsn: str, broker_url: str = "", **extra: str) -> dict[str, str]:
     )
     if broker_url:
         env["OPENONCE_BROKER_URL"] = broker_url
+        # The workers share one rate limiter, as deployed, in the stack's own database.
+        env["OPENONCE_RATE_LIMIT_REDIS"] = broker_url
     env.update(extra)
     return env
 

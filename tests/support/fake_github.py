@@ -10,7 +10,11 @@ in GitHub's wire format, with its pagination and its rate limits.
   once ``primary_limit`` requests are used, 403 with ``x-ratelimit-remaining: 0`` until
   ``reset_at`` (an epoch second);
 * secondary limits on cue: ``secondary_limit_next(retry_after=...)`` answers 403 with
-  GitHub's "secondary rate limit" message, with or without ``retry-after``.
+  GitHub's "secondary rate limit" message, with or without ``retry-after``;
+* ``GET /repos/{owner}/{repo}/pulls/{number}``: one PR, 404 if the repository has none by
+  that number;
+* ``in_flight`` counts the requests being answered now, ``peak_in_flight`` the most at once
+  (GitHub asks for serial requests).
 """
 
 from __future__ import annotations
@@ -53,6 +57,18 @@ class FakeGitHubServer(FakeHTTPServer):
         self.reset_at = int(wall()) + 3600
         self.pulls: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._number = 0
+        self.in_flight = 0
+        self.peak_in_flight = 0
+
+    def _handle(self, handler: Any) -> None:
+        with self.lock:
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            super()._handle(handler)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
 
     def add_pull(
         self, owner: str, repo: str, branch: str, *, head_owner: str | None = None,
@@ -114,11 +130,15 @@ class FakeGitHubServer(FakeHTTPServer):
                 self._limit_headers(),
             )
         parts = seen.path.strip("/").split("/")
-        if len(parts) != 4 or parts[0] != "repos" or parts[3] != "pulls":
-            return Reply(404, {"message": "Not Found", "status": "404"}, self._limit_headers())
+        not_found = Reply(404, {"message": "Not Found", "status": "404"}, self._limit_headers())
+        if len(parts) not in (4, 5) or parts[0] != "repos" or parts[3] != "pulls":
+            return not_found
         key = (parts[1].lower(), parts[2].lower())
         if key not in self.pulls:
-            return Reply(404, {"message": "Not Found", "status": "404"}, self._limit_headers())
+            return not_found
+        if len(parts) == 5:
+            one = [p for p in self.pulls[key] if str(p["number"]) == parts[4]]
+            return Reply(200, one[0], self._limit_headers()) if one else not_found
         head = (seen.query.get("head") or [None])[0]
         rows = [p for p in self.pulls[key] if head is None or p["head"]["label"] == head]
         per_page = min(int((seen.query.get("per_page") or ["30"])[0]), self.page_size)

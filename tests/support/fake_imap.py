@@ -8,7 +8,15 @@ LOGOUT. Mailboxes hold (uid, Message-ID) pairs; ``special_use`` names the mailbo
 servers do.
 
 Faults: ``password`` (a wrong one gets ``NO [AUTHENTICATIONFAILED]``), ``drop_after_login``
-(the connection closes mid-session), ``delay`` before every answer, ``capabilities``.
+(the connection closes mid-session), ``delay`` before every answer, ``capabilities``;
+``greeting`` instead of the ``* OK`` one (a ``* BYE`` closes the connection);
+``login_refusal``, a tagged answer every LOGIN gets instead of OK (``NO [UNAVAILABLE] ...``,
+Gmail's ``NO [ALERT] Too many simultaneous connections. (Failure)``); ``max_sessions``,
+Dovecot's per-user connection limit (``mail_max_userip_connections``): a LOGIN beyond it
+gets ``* BYE Maximum number of connections from user+IP exceeded`` and the connection
+closes. ``sessions`` counts the logged-in connections open now, ``peak_sessions`` the most
+at once. ``index_lag``: a message ``add_sent`` files is found by SEARCH only that many
+seconds later on ``clock`` (a provider's sent store indexing asynchronously).
 Its certificate comes from ``tests.support.tls.make_pki``.
 """
 
@@ -20,6 +28,7 @@ import socketserver
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .tls import LocalPKI
@@ -53,6 +62,8 @@ class FakeImapServer:
         mailboxes: dict[str, list[str]] | None = None,
         special_use: str | None = "Sent Items",
         capabilities: str = "IMAP4rev1 LIST-EXTENDED SPECIAL-USE AUTH=PLAIN",
+        index_lag: float = 0.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.pki = pki
         self.username = username
@@ -60,8 +71,17 @@ class FakeImapServer:
         self.mailboxes = mailboxes if mailboxes is not None else {"INBOX": [], "Sent Items": []}
         self.special_use = special_use
         self.capabilities = capabilities
+        self.index_lag = index_lag
+        self.clock = clock
+        # (mailbox, uid) -> when SEARCH starts finding it; messages not listed: at once.
+        self._searchable_at: dict[tuple[str, int], float] = {}
         self.delay = 0.0
         self.drop_after_login = False
+        self.login_refusal: str | None = None
+        self.greeting: str | None = None  # instead of "* OK ...": e.g. a "* BYE ..." and hang up
+        self.max_sessions: int | None = None
+        self.sessions = 0
+        self.peak_sessions = 0
         self.lock = threading.Lock()
         self.commands: list[str] = []  # every command line, passwords masked
         self.logins = 0
@@ -84,7 +104,13 @@ class FakeImapServer:
                 super().setup()
 
             def handle(self) -> None:
-                fake._session(self.rfile, self.wfile)
+                logged_in = [False]
+                try:
+                    fake._session(self.rfile, self.wfile, logged_in)
+                finally:
+                    if logged_in[0]:
+                        with fake.lock:
+                            fake.sessions -= 1
 
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
@@ -121,18 +147,25 @@ class FakeImapServer:
         box = mailbox or self.special_use or "Sent"
         with self.lock:
             self.mailboxes.setdefault(box, []).append(message_id)
-            return len(self.mailboxes[box])
+            uid = len(self.mailboxes[box])
+            self._searchable_at[(box, uid)] = self.clock() + self.index_lag
+            return uid
 
     # -- the protocol -------------------------------------------------------------------
 
-    def _session(self, rfile: Any, wfile: Any) -> None:
+    def _session(self, rfile: Any, wfile: Any, logged_in: list[bool]) -> None:
         def send(line: str | bytes) -> None:
             if self.delay:
                 time.sleep(self.delay)
             wfile.write(line if isinstance(line, bytes) else (line + "\r\n").encode())
             wfile.flush()
 
-        send(f"* OK [CAPABILITY {self.capabilities}] fake IMAP ready")
+        if self.greeting is not None:
+            send(self.greeting)
+            if self.greeting.startswith("* BYE"):
+                return
+        else:
+            send(f"* OK [CAPABILITY {self.capabilities}] fake IMAP ready")
         selected: str | None = None
         while True:
             try:
@@ -160,6 +193,21 @@ class FakeImapServer:
                 if user != self.username or password != self.password:
                     send(f"{tag} NO [AUTHENTICATIONFAILED] Invalid credentials (Failure)")
                     continue
+                if self.login_refusal is not None:
+                    send(f"{tag} {self.login_refusal}")
+                    continue
+                with self.lock:
+                    full = self.max_sessions is not None and self.sessions >= self.max_sessions
+                    if not full:
+                        self.sessions += 1
+                        self.peak_sessions = max(self.peak_sessions, self.sessions)
+                        logged_in[0] = True
+                if full:
+                    send(
+                        "* BYE Maximum number of connections from user+IP exceeded"
+                        f" (mail_max_userip_connections={self.max_sessions})"
+                    )
+                    return
                 if self.drop_after_login:
                     send(f"{tag} OK LOGIN completed")
                     return  # hang up: the next command finds a closed connection
@@ -199,7 +247,12 @@ class FakeImapServer:
         if sub.upper() == "SEARCH":
             args = _args(rest)
             needle = args[-1].lower() if args else ""
-            hits = [str(i + 1) for i, m in enumerate(messages) if needle in m.lower()]
+            now = self.clock()
+            hits = [
+                str(i + 1)
+                for i, m in enumerate(messages)
+                if needle in m.lower() and self._searchable_at.get((selected, i + 1), now) <= now
+            ]
             send("* SEARCH" + "".join(f" {h}" for h in hits))
             send(f"{tag} OK SEARCH completed")
         elif sub.upper() == "FETCH":
