@@ -8,6 +8,9 @@ decision is offered comes from the core's state table (``openonce_core.states``)
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,14 +25,25 @@ from openonce_core import (
     InvalidReceiptError,
     ProviderContractError,
 )
+from openonce_core.decisions import ProviderCheck, Verify
+from openonce_core.errors import ProbeCredentialError, ProbeError, ProbeTransientError
+from openonce_core.probe import ProbeOutcome, ProbeResult
 from openonce_core.records import Effect as CoreEffect
+from openonce_core.redact import redact_text
 from openonce_core.states import MOVES, EffectState
 from openonce_site.ledger import get_openonce
 
 from . import forms as console_forms
+from . import selectors
 from .roles import APPROVE, CANCEL, RESOLVE
 
 S = EffectState
+
+
+class ProviderNotConfirmed(Exception):
+    """The provider did not confirm the object a receipt names (or could not be asked):
+    nothing was committed."""
+
 
 # What the core refuses with, each shown next to the form; none of them changed anything.
 DECISION_ERRORS: tuple[type[Exception], ...] = (
@@ -37,6 +51,7 @@ DECISION_ERRORS: tuple[type[Exception], ...] = (
     InvalidReceiptError,
     ProviderContractError,
     ApproverAlreadyCounted,
+    ProviderNotConfirmed,
     ValueError,
 )
 
@@ -111,6 +126,9 @@ def decide(action: str, effect_id: str, by: str, data: Mapping[str, Any]) -> Cor
     if action == "cancel":
         return oo.cancel(effect_id, by=by, reason=reason, expected_fence=fence)
     if action == "resolve-happened":
+        # The person, holding the permission, overrode what the ledger or the provider
+        # could not tie to this effect, with a reason; the core journals both.
+        override = bool(data.get("override_identity"))
         return oo.resolve_happened(
             effect_id,
             receipt=data["receipt"],
@@ -118,9 +136,8 @@ def decide(action: str, effect_id: str, by: str, data: Mapping[str, Any]) -> Cor
             reason=reason,
             require_receipt_contract=True,  # checked before commit, not after
             expected_fence=fence,
-            # The form found the receipt names another identity and the person, holding
-            # the permission, overrode it with a reason; the core journals both.
-            override_identity=bool(data.get("override_identity")),
+            override_identity=override,
+            verify=provider_check(override),
         )
     if action == "resolve-not-happened":
         return oo.resolve_not_happened(
@@ -135,6 +152,108 @@ def decide(action: str, effect_id: str, by: str, data: Mapping[str, Any]) -> Cor
             expected_fence=fence,
         )
     raise ValueError(f"unknown action {action!r}")
+
+
+# -- asking the provider before a person's receipt commits --------------------------------
+
+# How long a decision waits for the provider: a web worker must not hang on it.
+VERIFY_TIMEOUT = 10.0
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def verifiers(tool: str) -> list[Any]:
+    """The probers registered for ``tool`` (OPENONCE_PROBERS) that can check one receipt's
+    object at the provider: ``verify(effect, receipt) -> ProbeResult``."""
+    found = []
+    for prober in selectors.registered_probers().get(tool, []):
+        inner = getattr(prober, "inner", prober)  # reconciler.probes wraps each one
+        if callable(getattr(inner, "verify", None)):
+            found.append(inner)
+    return found
+
+
+def provider_check(override: bool) -> Verify:
+    """The check the core runs on a receipt after every other check passed, before it
+    commits: each verifier registered for the tool must find the object, stamped for this
+    effect. Without a verifier there is nothing to ask and the receipt stands on the
+    ledger's own checks. Not confirmed, and no override: refused, saying what was said."""
+
+    def check(effect: CoreEffect, receipt: dict[str, Any]) -> ProviderCheck | None:
+        found = verifiers(effect.tool)
+        if not found:
+            return None  # nothing can ask: the receipt stands on the ledger's own checks
+        deadline = time.monotonic() + VERIFY_TIMEOUT
+        answers = [_ask(verifier, effect, receipt, deadline) for verifier in found]
+        confirmed = all(ok for ok, _ in answers)
+        words = "; ".join(said for _, said in answers)
+        if not confirmed and not override:
+            raise ProviderNotConfirmed(
+                f"{_provider(found[0], effect.tool)} did not confirm this receipt: {words}."
+                " Nothing was committed; check the receipt, or ask someone holding the"
+                " override permission to commit it with a reason."
+            )
+        return ProviderCheck(confirmed, words)
+
+    return check
+
+
+def _ask(
+    verifier: Any, effect: CoreEffect, receipt: dict[str, Any], deadline: float
+) -> tuple[bool, str]:
+    """(confirmed, what the provider said) from one verifier, within the time left."""
+    provider = _provider(verifier, effect.tool)
+    left = max(0.0, deadline - time.monotonic())
+    future = _executor().submit(verifier.verify, effect, dict(receipt))
+    try:
+        result = future.result(timeout=left)
+    except concurrent.futures.TimeoutError:
+        # The thread is left to finish on its own; the decision does not wait for it.
+        future.cancel()
+        return False, f"{provider} did not answer within {VERIFY_TIMEOUT:g} s"
+    except ProbeCredentialError as exc:
+        return False, f"{provider} refused the console's credentials{_status(exc)}: {_clean(exc)}"
+    except ProbeTransientError as exc:
+        return False, f"{provider} could not be asked{_status(exc)}: {_clean(exc)}"
+    except ProbeError as exc:
+        return False, f"{provider} could not be asked{_status(exc)}: {_clean(exc)}"
+    except Exception as exc:  # a broken prober is no confirmation
+        return False, f"the {provider} check failed ({type(exc).__name__})"
+    if not isinstance(result, ProbeResult):
+        return False, f"the {provider} check answered {type(result).__name__}, not a result"
+    detail = _redact(result.detail) or "no detail"
+    if result.outcome is ProbeOutcome.HAPPENED:
+        return True, f"{provider} confirmed it: {detail}"
+    if result.outcome is ProbeOutcome.NOT_HAPPENED:
+        return False, f"{provider} has no such object: {detail}"
+    return False, f"{provider} could not tie it to this effect: {detail}"
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    # Made on first use, in the process that serves requests (never before a fork).
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="console-verify")
+        return _pool
+
+
+def _provider(verifier: Any, tool: str) -> str:
+    name = getattr(verifier, "provider", None)
+    return name if isinstance(name, str) and name else tool.partition(".")[0]
+
+
+def _status(exc: ProbeError) -> str:
+    return f" (HTTP {exc.status})" if exc.status is not None else ""
+
+
+def _clean(exc: ProbeError) -> str:
+    return _redact(exc.detail)
+
+
+def _redact(text: str) -> str:
+    """A provider's words as a page may show them: no credential, at most 500 characters."""
+    return redact_text(str(text))[:500]
 
 
 # -- bulk ---------------------------------------------------------------------------------

@@ -14,8 +14,9 @@ from typing import Any
 
 from django import forms
 
-from openonce_core.providers import Capability, check_receipt, receipt_identity_problems
+from openonce_core.providers import Capability, check_receipt, receipt_object_problems
 from openonce_core.states import EffectState
+from openonce_site.ledger import get_openonce
 
 from . import search
 from .context import DOMAIN_PLACEHOLDER, empty_fields
@@ -197,7 +198,8 @@ class ResolveHappenedForm(DecisionForm):
     override_identity = forms.BooleanField(
         required=False,
         label="Override: commit although the receipt names another identity",
-        help_text="Needs the override permission and a reason; both are journaled.",
+        help_text="Also commits a receipt the provider did not confirm. Needs the override"
+        " permission and a reason; both are journaled.",
     )
     field_order = ["receipt", "reason", "override_identity", "confirm"]
 
@@ -241,24 +243,42 @@ class ResolveHappenedForm(DecisionForm):
                 raise forms.ValidationError(
                     "The receipt breaks the provider contract: " + "; ".join(problems) + "."
                 )
+            # The wrong kind of object, or two objects in one receipt: no override helps.
+            problems = receipt_object_problems(self.effect.tool, self.capabilities, receipt)
+            if problems:
+                raise forms.ValidationError("; ".join(problems) + ". Nothing was committed.")
         return receipt
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        override = bool(data.get("override_identity"))
+        if override and not (data.get("reason") or "").strip():
+            # An override is for a receipt the ledger or the provider cannot tie to this
+            # effect; which one is known only when it is checked, so it always needs why.
+            self.add_error("reason", "An override needs a reason: the journal keeps it.")
         receipt = data.get("receipt")
-        if receipt is None or self.effect is None:
+        if self.effect is None:
             return data
-        self.identity_problems = receipt_identity_problems(
-            self.capabilities,
-            receipt,
-            effect_id=self.effect.id,
-            provider_key=self.effect.provider_key,
-            args=self.effect.args,
-        )
-        if not self.identity_problems:
-            data["override_identity"] = False
+        oo = get_openonce()
+        # Also a receipt that did not parse: the page would show its text again.
+        typed = receipt if receipt is not None else self.data.get("receipt")
+        for name, value in (("receipt", typed), ("reason", data.get("reason"))):
+            if value and oo.holds_secret(self.effect.id, value):
+                self.add_error(
+                    name,
+                    f"The {name} holds the value of one of this effect's secret fields in"
+                    " clear; remove it (the ledger keeps secret fields only as digests)."
+                    " Nothing was committed.",
+                )
+                # The form comes back without it: a secret typed once is not shown again.
+                self.data = self.data.copy()
+                self.data[name] = ""
+        if receipt is None or self.errors:
             return data
-        if not data.get("override_identity"):
+        # The core's rule, with the ledger's knowledge: another effect may already hold
+        # the object this receipt names (committed since the page was drawn, too).
+        self.identity_problems = oo.receipt_identity_problems(oo.get(self.effect.id), receipt)
+        if self.identity_problems and not override:
             self.add_error(
                 "receipt",
                 "This receipt names another effect: " + "; ".join(self.identity_problems)
@@ -266,8 +286,6 @@ class ResolveHappenedForm(DecisionForm):
                 + (" Tick the override and give a reason if you are sure."
                    if "override_identity" in self.fields else ""),
             )  # fmt: skip
-        elif not (data.get("reason") or "").strip():
-            self.add_error("reason", "An override needs a reason: the journal keeps it.")
         return data
 
 

@@ -9,7 +9,10 @@ changed since it was counted, is refused instead of applied to something else.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import fnmatch
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .canonical import check_json, secret_digest
@@ -26,12 +29,33 @@ from .errors import (
 )
 from .leases import HOST, dead_owner, lease_lapsed, note_stopped
 from .ledger import Ledger, Then
-from .providers import Capability, CapabilityMatrix, receipt_identity_problems
+from .providers import (
+    Capability,
+    CapabilityMatrix,
+    receipt_identities,
+    receipt_identity_problems,
+    receipt_object_problems,
+    tool_prefix,
+)
 from .records import Approval, Effect, JournalEntry
 from .states import NEEDS_HUMAN, EffectState, move_for
 from .stores.base import Store
 
 S = EffectState
+
+
+@dataclass(frozen=True)
+class ProviderCheck:
+    """What the provider said about the object a person's receipt names, asked just before
+    the receipt commits (the console asks a registered prober's ``verify``)."""
+
+    confirmed: bool  # the object exists and carries this effect's stamp
+    said: str  # what the provider said, in words, for the person and the journal
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+# Asks the provider about a receipt's object; None: there was nothing to ask with.
+Verify = Callable[[Effect, dict[str, Any]], ProviderCheck | None]
 
 
 class Decisions:
@@ -90,6 +114,7 @@ class Decisions:
         _optional_text("reason", reason)
         while True:
             effect = self._load(effect_id, "approve", expected_fence)
+            self._refuse_secret_reason(effect, reason)
             approvers = self._valid_approvers(effect)
             if by in approvers:
                 raise ApproverAlreadyCounted(effect_id, by)
@@ -119,6 +144,7 @@ class Decisions:
         _require_text("reason", reason)
         while True:
             effect = self._load(effect_id, "deny", expected_fence)
+            self._refuse_secret_reason(effect, reason)
             approval = Approval(
                 effect_id, "deny", by, reason, effect.args_fingerprint, self.clock.now()
             )
@@ -145,6 +171,7 @@ class Decisions:
         _require_text("reason", reason)
         while True:
             effect = self._load(effect_id, "cancel", expected_fence)
+            self._refuse_secret_reason(effect, reason)
             if self.ledger.move(
                 effect, "cancel", S.CANCELLED, actor=f"operator:{by}", reason=reason
             ):
@@ -156,6 +183,7 @@ class Decisions:
         _optional_text("reason", reason)
         while True:
             effect = self._load(effect_id, "release")
+            self._refuse_secret_reason(effect, reason)
             if effect.attempt != 0:
                 raise IllegalTransitionError(
                     effect_id,
@@ -181,14 +209,22 @@ class Decisions:
         require_provider_capability: bool | None = None,
         expected_fence: int | None = None,
         override_identity: bool = False,
+        verify: Verify | None = None,
     ) -> Effect:
         """A person found the effect happened: commit ``receipt``; duplicates replay it.
 
         With ``enforce_provider_receipts`` (or ``require_receipt_contract=True``) the
-        receipt must meet the tool's provider receipt contract first. A receipt whose
-        identifying fields name another effect (provider key, Message-ID, PR) is refused
+        receipt must meet the tool's provider receipt contract first. It must name one
+        provider object of the kind the tool creates (a refund's is a ``re_`` object; one
+        Message-ID), or InvalidReceiptError, whatever the override. A receipt whose
+        identifying fields name another effect (provider key, Message-ID, PR), or whose
+        provider object is already the committed receipt of another effect, is refused
         with ReceiptIdentityError, as a probe's would be, unless ``override_identity=True``
-        with a reason: then the override and what it overrode are journaled."""
+        with a reason: then the override and what it overrode are journaled.
+
+        ``verify`` (the console's provider check) is asked after every other check passed
+        and before anything commits; it may raise to refuse. A check that did not confirm
+        the object commits only as an override; what the provider said is journaled."""
         _require_text("by", by)
         _optional_text("reason", reason)
         if override_identity:
@@ -196,6 +232,7 @@ class Decisions:
         receipt = _check_receipt(receipt)
         while True:
             effect = self._load(effect_id, "resolve_happened", expected_fence)
+            self._refuse_secret_reason(effect, reason)
             if self._holds_secret(effect, receipt):
                 raise InvalidReceiptError(
                     "the receipt holds the value of one of this effect's secret fields in"
@@ -209,13 +246,31 @@ class Decisions:
                 raise InvalidReceiptError(
                     "receipt breaks the provider contract: " + "; ".join(problems)
                 )
-            mismatches = receipt_identity_problems(
-                self.capabilities_for(effect.tool), receipt, effect_id=effect.id,
-                provider_key=effect.provider_key, args=effect.args,
-            )  # fmt: skip
+            problems = receipt_object_problems(
+                effect.tool, self.capabilities_for(effect.tool), receipt
+            )
+            if problems:
+                raise InvalidReceiptError(
+                    "; ".join(problems) + ". Nothing was committed; no override applies."
+                )
+            mismatches = self.receipt_identity_problems(effect, receipt)
             if mismatches and not override_identity:
                 raise ReceiptIdentityError(effect.id, mismatches)
             evidence: dict[str, Any] = {"resolution": "happened", "receipt": receipt, "by": by}
+            check = verify(effect, receipt) if verify is not None else None
+            if check is not None:
+                said = check.said
+                if self._holds_secret(effect, [said, check.evidence]):
+                    said = "(the provider's answer held a secret field's value; not kept)"
+                    check = ProviderCheck(check.confirmed, said)
+                evidence["provider_check"] = {
+                    **check.evidence, "confirmed": check.confirmed, "said": said,
+                }  # fmt: skip
+                if not check.confirmed:
+                    unconfirmed = f"the provider did not confirm it: {said}"
+                    if not override_identity:
+                        raise ReceiptIdentityError(effect.id, [unconfirmed])
+                    mismatches = [*mismatches, unconfirmed]
             if mismatches:
                 evidence["identity_override"] = mismatches
             changes = {
@@ -229,6 +284,29 @@ class Decisions:
                 then=Then("check_receipt", S.COMMITTED, "receipt accepted"),
             ):  # fmt: skip
                 return self.get(effect_id)
+
+    def receipt_identity_problems(self, effect: Effect, receipt: Mapping[str, Any]) -> list[str]:
+        """Why ``receipt`` is evidence about another effect than ``effect`` (empty: nothing
+        says so): its stamps, Message-ID or natural key contradict the effect's own, or the
+        provider object it names is already another effect's committed receipt."""
+        capabilities = self.capabilities_for(effect.tool)
+        problems = receipt_identity_problems(
+            capabilities, receipt, effect_id=effect.id, provider_key=effect.provider_key,
+            args=effect.args,
+        )  # fmt: skip
+        for identity in receipt_identities(capabilities, receipt, effect.args):
+            found = self.store.committed_receipts_naming(
+                tool_prefix(identity.tool_pattern),
+                identity.field,
+                identity.value,
+                identity.scope,
+                exclude=effect.id,
+            )
+            holders = [o for o in found if fnmatch.fnmatchcase(o.tool, identity.tool_pattern)]
+            if holders:
+                names = ", ".join(f"{o.id} ({o.tool})" for o in holders)
+                problems.append(f"{identity.label} is already the committed receipt of {names}")
+        return problems
 
     def resolve_not_happened(
         self,
@@ -250,6 +328,7 @@ class Decisions:
         _require_text("reason", reason)
         while True:
             effect = self._load(effect_id, "resolve_not_happened", expected_fence)
+            self._refuse_secret_reason(effect, reason)
             capabilities = self.capabilities_for(effect.tool)
             if require_provider_capability and not capabilities:
                 raise ProviderContractError(
@@ -350,13 +429,37 @@ class Decisions:
             raise IllegalTransitionError(effect_id, effect.state, verb, "allowed from " + names)
         return effect
 
-    def _holds_secret(self, effect: Effect, receipt: Any) -> bool:
-        """Whether a value in ``receipt`` is the clear value of a secret field: its digest
-        equals one the ledger holds for this effect."""
+    def holds_secret(self, effect_id: str, value: Any) -> bool:
+        """Whether ``value`` (a receipt, a reason someone is typing) holds the clear value
+        of one of the effect's secret fields: the check every decision makes, for a form
+        that wants to refuse it before anything else."""
+        return self._holds_secret(self.get(effect_id), value)
+
+    def _holds_secret(self, effect: Effect, value: Any) -> bool:
+        """Whether text in ``value`` (a receipt, a reason) holds the clear value of one of
+        the effect's secret fields, whole or inside a longer string.
+
+        The ledger keeps only the secrets' digests, so each candidate piece of text is
+        digested and compared (``_secret_candidates`` says which pieces)."""
         digests = {v for v in effect.args.values() if isinstance(v, str) and _looks_like_digest(v)}
-        return bool(digests) and any(
-            secret_digest(leaf, self.secret_pepper) in digests for leaf in _leaves(receipt)
-        )
+        if not digests:
+            return False
+        for leaf in _leaves(value):
+            candidates: set[Any] = {leaf}
+            if isinstance(leaf, str):
+                candidates = _secret_candidates(leaf)
+            for candidate in candidates:
+                if secret_digest(candidate, self.secret_pepper) in digests:
+                    return True
+        return False
+
+    def _refuse_secret_reason(self, effect: Effect, reason: str) -> None:
+        """A reason a person typed is journaled and shown: never a secret in clear."""
+        if reason and self._holds_secret(effect, reason):
+            raise ValueError(
+                "the reason holds the value of one of this effect's secret fields in clear;"
+                " leave it out (the ledger keeps secret fields only as digests)"
+            )
 
 
 _VERBS = {
@@ -369,9 +472,51 @@ def _looks_like_digest(value: str) -> bool:
     return value.startswith(("hmac-sha256:", "sha256:")) and len(value.partition(":")[2]) == 64
 
 
+# How far a secret inside a longer text is looked for: pieces of text between two cuts
+# (a cut is a place next to a character that is not a letter or digit) up to this long
+# and spanning at most this many cuts.
+_SECRET_WINDOW_CHARS = 128
+_SECRET_WINDOW_CUTS = 24
+_SECRET_PIECE_MIN = 4
+_DIGIT_RUN = re.compile(r"\d[\d -]*\d")
+
+
+def _secret_candidates(text: str) -> set[Any]:
+    """Pieces of ``text`` that could be a secret field's whole value: the text itself;
+    each whitespace-separated word; every piece between two cuts (``key=sk_live_x.``
+    holds ``sk_live_x``) within the window limits; and digit runs written with spaces or
+    dashes, also with those removed (a card number however it was typed), also as a
+    number (a secret passed as an integer).
+
+    The limit, honestly: a secret is found when it is a piece bounded by non-alphanumeric
+    characters (or the ends), shorter than the window unless it is a whole word, and
+    written as it was passed, except that spaces and dashes in a digit run are ignored,
+    and at least 4 characters long unless it is the whole value.
+    A secret run together with other letters or digits ("pw=hunter2x"), re-cased, or
+    split some other way is not found: nothing but its digest is kept to compare with."""
+    pieces: set[str] = set(text.split())
+    n = len(text)
+    cuts = [
+        i for i in range(n + 1) if i in (0, n) or not (text[i - 1].isalnum() and text[i].isalnum())
+    ]
+    for at, start in enumerate(cuts):
+        for end in cuts[at + 1 : at + 1 + _SECRET_WINDOW_CUTS]:
+            if end - start > _SECRET_WINDOW_CHARS:
+                break
+            pieces.add(text[start:end])
+    for run in _DIGIT_RUN.findall(text):
+        pieces.update((run, run.replace(" ", "").replace("-", "")))
+    # A piece shorter than this inside a longer text is too common to refuse on (a 3-digit
+    # code would match every "123" in a receipt); a whole value of any length still counts.
+    found: set[Any] = {text, *(p for p in pieces if len(p) >= _SECRET_PIECE_MIN)}
+    for piece in [p for p in found if p.isdigit() and p.isascii() and len(p) <= 100]:
+        found.add(int(piece))  # (a key material integer has at most 100 digits)
+    return found
+
+
 def _leaves(value: Any) -> list[Any]:
-    if isinstance(value, dict):
-        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, dict):  # a name can hold a secret as well as a value
+        return [leaf for k, v in value.items() for leaf in (k, *_leaves(v))]
     if isinstance(value, list):
         return [leaf for v in value for leaf in _leaves(v)]
     return [value] if isinstance(value, str | int) and not isinstance(value, bool) else []

@@ -604,6 +604,124 @@ def receipt_identity_problems(
     return problems
 
 
+# One Stripe object id (``pi_3Nx…``, ``re_1…``, ``cs_test_a1…``): a prefix naming its
+# kind, then its id. Not a client secret (``pi_…_secret_…``): that is no id.
+_STRIPE_ID = re.compile(r"[a-z]+_(?:test_|live_)?[A-Za-z0-9]+")
+# Refunds: ``re_``, and ``pyr_`` for some payment methods.
+_REFUND_PREFIXES = ("re_", "pyr_")
+# One Message-ID (RFC 5322 msg-id): angle brackets around left@right, nothing else.
+_MESSAGE_ID = re.compile(r"<[^<>\s,@]+@[^<>\s,@]+>")
+
+
+def is_refund_tool(tool: str) -> bool:
+    """Whether ``tool`` creates Stripe refunds: the rule the Stripe prober reads by."""
+    return "refund" in tool.rpartition(".")[2].lower()
+
+
+def receipt_object_problems(
+    tool: str, capabilities: Iterable[Capability], receipt: Mapping[str, Any]
+) -> list[str]:
+    """Why ``receipt`` does not name exactly one provider object of the kind ``tool``
+    creates (empty: it does). No override makes such a receipt right: a PaymentIntent is
+    not a refund, and one receipt naming two messages is evidence for neither.
+
+    * ``stripe_id``: one Stripe object id; a refund tool's is a refund (``re_``), any
+      other Stripe tool's is not;
+    * ``message_id``: exactly one ``<left@right>``;
+    * ``number`` (a pull request): one positive integer.
+    """
+    fields = {f for c in capabilities for f in c.required_receipt_fields}
+    problems: list[str] = []
+    if "stripe_id" in fields and "stripe_id" in receipt:
+        value = receipt["stripe_id"]
+        if not isinstance(value, str) or not _STRIPE_ID.fullmatch(value):
+            problems.append(
+                f"stripe_id is {value!r}: a receipt names one Stripe object id, such as"
+                " pi_…, ch_… or re_…"
+            )
+        elif is_refund_tool(tool) and not value.startswith(_REFUND_PREFIXES):
+            problems.append(
+                f"stripe_id {value!r} is not a refund: {tool} creates refunds, whose ids"
+                " start with re_ (or pyr_)"
+            )
+        elif not is_refund_tool(tool) and value.startswith(_REFUND_PREFIXES):
+            problems.append(f"stripe_id {value!r} is a refund, but {tool} does not create refunds")
+    if "message_id" in fields and "message_id" in receipt:
+        value = receipt["message_id"]
+        if isinstance(value, str) and value.count("<") + value.count(">") > 2:
+            problems.append(
+                f"message_id {value!r} lists more than one message: a receipt names one Message-ID"
+            )
+        elif isinstance(value, str) and value.strip() and not _MESSAGE_ID.fullmatch(value.strip()):
+            problems.append(f"message_id {value!r} is not one Message-ID of the form <left@right>")
+    number = receipt.get("number")
+    if "number" in fields and "number" in receipt and (type(number) is not int or number < 1):
+        problems.append(f"number is {number!r}: a pull request's number is a positive integer")
+    return problems
+
+
+@dataclass(frozen=True)
+class ReceiptIdentity:
+    """The provider object a receipt names, as the ledger can look it up among the
+    committed receipts of other effects: ``field`` of the receipt equals ``value``, on
+    effects whose tool matches ``tool_pattern`` and whose arguments hold ``scope``."""
+
+    label: str  # in words: "Stripe object pi_1", "pull request acme/api#7"
+    field: str
+    value: str | int
+    tool_pattern: str
+    scope: tuple[tuple[str, Any], ...] = ()
+
+
+def receipt_identities(
+    capabilities: Iterable[Capability], receipt: Mapping[str, Any], args: Any
+) -> list[ReceiptIdentity]:
+    """The provider identities ``receipt`` claims, per capability: a Stripe object id, a
+    Message-ID, a pull request (its number within the call's owner/repo). A provider
+    object is the receipt of at most one effect."""
+    found: list[ReceiptIdentity] = []
+    args = args if isinstance(args, Mapping) else {}
+    for cap in capabilities:
+        fields = cap.required_receipt_fields
+        stripe_id = receipt.get("stripe_id")
+        if "stripe_id" in fields and isinstance(stripe_id, str) and stripe_id:
+            found.append(
+                ReceiptIdentity(f"Stripe object {stripe_id}", "stripe_id", stripe_id,
+                                cap.tool_pattern)
+            )  # fmt: skip
+        message_id = receipt.get("message_id")
+        if "message_id" in fields and isinstance(message_id, str) and message_id.strip():
+            value = message_id.strip()
+            found.append(
+                ReceiptIdentity(f"Message-ID {value}", "message_id", value, cap.tool_pattern)
+            )
+        number = receipt.get("number")
+        owner, repo = args.get("owner"), args.get("repo")
+        if (
+            "number" in fields
+            and type(number) is int
+            and {"owner", "repo"} <= set(cap.required_args)
+            and isinstance(owner, str)
+            and isinstance(repo, str)
+        ):
+            found.append(
+                ReceiptIdentity(
+                    f"pull request {owner}/{repo}#{number}", "number", number, cap.tool_pattern,
+                    (("owner", owner), ("repo", repo)),
+                )
+            )  # fmt: skip
+    unique: dict[tuple[Any, ...], ReceiptIdentity] = {}
+    for identity in found:  # email.send matches two capabilities naming the same one
+        unique.setdefault((identity.field, identity.value, identity.tool_pattern), identity)
+    return list(unique.values())
+
+
+def tool_prefix(pattern: str) -> str:
+    """The literal start of a tool glob (``stripe.*`` -> ``stripe.``): a store narrows its
+    search to tools starting with it, then the glob itself is matched."""
+    return re.split(r"[*?\[]", pattern, maxsplit=1)[0]
+
+
 def check_call_contract(
     capability: Capability,
     args: Mapping[str, Any],

@@ -54,6 +54,19 @@ class Store(Protocol):
         ...
 
     def has_journal_line(self, entry: JournalEntry) -> bool: ...
+    def committed_receipts_naming(
+        self,
+        tool_prefix: str,
+        field: str,
+        value: str | int,
+        scope: Sequence[tuple[str, Any]] = (),
+        *,
+        exclude: str = "",
+        limit: int = 5,
+    ) -> list[Effect]:
+        """COMMITTED effects (not ``exclude``) whose receipt's ``field`` is ``value``: who
+        already holds the provider object a person's receipt names (``sql.SQLStore``)."""
+        ...
 
     # -- writes (only openonce_core.ledger.Ledger calls these) -------------------------------
     def insert(self, effect: Effect, entries: Sequence[JournalEntry]) -> bool:

@@ -324,6 +324,20 @@ class PostgresStore(sql.SQLStore):
 
     # -- schema ---------------------------------------------------------------------------
 
+    def _json_field_is(self, column: str, name: str, value: str | int) -> tuple[str, list[Any]]:
+        # The text of the field, and its JSON type: "7" (a string) is not 7 (a number).
+        key = sql.json_name(name)
+        kind = "number" if isinstance(value, int) else "string"
+        condition = (
+            f"({column}::jsonb ->> '{key}') = ? AND jsonb_typeof({column}::jsonb -> '{key}') = ?"
+        )
+        return condition, [str(value), kind]
+
+    def _tool_starts_with(self, prefix: str) -> tuple[str, list[Any]]:
+        # LIKE is exact under any collation (a range would follow the locale's order).
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        return "tool LIKE ? ESCAPE '\\'", [pattern + "%"]
+
     def migrate(self) -> int:
         conn = psycopg.connect(self.dsn)
         try:

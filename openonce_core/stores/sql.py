@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -135,6 +136,16 @@ def approval_row(a: Approval) -> list[Any]:
 def approval_from_row(row: Any) -> Approval:
     effect_id, decision, by, reason, fp, at, expires_at = row
     return Approval(effect_id, decision, by, reason, fp, at, expires_at)
+
+
+def json_name(name: str) -> str:
+    """A JSON field name that may be written into a query's text: letters, digits, '_'."""
+    if not _JSON_NAME.fullmatch(name):
+        raise ValueError(f"not a plain field name: {name!r}")
+    return name
+
+
+_JSON_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def marks(n: int) -> str:
@@ -302,6 +313,53 @@ class SQLStore:
     def oldest_change(self, state: str) -> float | None:
         row = self._one("SELECT min(updated_at) FROM openonce_effects WHERE state = ?", (state,))
         return row[0] if row else None
+
+    def committed_receipts_naming(
+        self,
+        tool_prefix: str,
+        field: str,
+        value: str | int,
+        scope: Sequence[tuple[str, Any]] = (),
+        *,
+        exclude: str = "",
+        limit: int = 5,
+    ) -> list[Effect]:
+        """COMMITTED effects, other than ``exclude``, whose receipt's top-level ``field``
+        equals ``value`` as JSON (7 is not "7"), whose tool starts with ``tool_prefix`` and
+        whose arguments hold each ``(name, value)`` of ``scope``: which effect already
+        holds a provider object a person's receipt names. The caller matches the tool glob.
+
+        The state, the tool and the JSON comparison all run in the database; no index
+        serves the JSON field yet, so the database reads the committed rows of the tool
+        (SQLite: through the tool index; Postgres: LIKE under a non-C collation cannot)."""
+        conditions = ["state = 'committed'", "id <> ?"]
+        params: list[Any] = [exclude]
+        for column_name, name, wanted in [("result_json", field, value)] + [
+            ("args_json", n, v) for n, v in scope
+        ]:
+            condition, bound = self._json_field_is(column_name, name, wanted)
+            conditions.append(condition)
+            params.extend(bound)
+        if tool_prefix:
+            condition, bound = self._tool_starts_with(tool_prefix)
+            conditions.append(condition)
+            params.extend(bound)
+        rows = self._all(
+            f"SELECT {SELECT_COLUMNS} FROM openonce_effects WHERE {' AND '.join(conditions)}"
+            " ORDER BY created_at, id LIMIT ?",
+            (*params, limit),
+        )
+        return [effect_from_row(r) for r in rows]
+
+    def _json_field_is(self, column: str, name: str, value: str | int) -> tuple[str, list[Any]]:
+        """A condition (and its parameters): top-level ``name`` of the JSON in ``column``
+        is ``value``, of the same JSON type. Each dialect says it its own way, in the form
+        an expression index on that field would serve."""
+        raise NotImplementedError
+
+    def _tool_starts_with(self, prefix: str) -> tuple[str, list[Any]]:
+        """A condition (and its parameters): the tool starts with ``prefix``."""
+        raise NotImplementedError
 
     # -- journal and approvals --------------------------------------------------------------
 

@@ -459,6 +459,17 @@ class SQLiteStore(sql.SQLStore):
         """This use began in the parent and goes on in a child forked from inside it."""
         raise ConfigurationError(self._refused or _crossed_message(self.path))
 
+    # -- dialect parts of the shared reads ------------------------------------------------
+
+    def _json_field_is(self, column: str, name: str, value: str | int) -> tuple[str, list[Any]]:
+        # json_extract gives an SQL value, text or integer: "7" (text) is not 7 (integer).
+        return f"json_extract({column}, '$.{sql.json_name(name)}') = ?", [value]
+
+    def _tool_starts_with(self, prefix: str) -> tuple[str, list[Any]]:
+        # A range, not LIKE: SQLite's LIKE ignores case and cannot use the tool index, and
+        # the column's BINARY collation orders by code point, so the range is exact.
+        return "tool >= ? AND tool < ?", [prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
+
     # -- schema ---------------------------------------------------------------------------
 
     def migrate(self) -> int:

@@ -132,3 +132,44 @@ def test_a_matching_receipt_needs_no_override(store) -> None:
 
     assert done.state == "committed"
     assert "identity_override" not in oo.journal(effect_id)[-2].evidence
+
+
+def test_a_receipt_names_one_object_of_the_tools_kind() -> None:
+    from openonce_core.providers import receipt_object_problems
+
+    def problems(tool: str, receipt: dict[str, Any]) -> list[str]:
+        return receipt_object_problems(tool, _caps(tool), receipt)
+
+    assert problems("stripe.refund", {"stripe_id": "re_1"}) == []
+    assert problems("stripe.refund", {"stripe_id": "pyr_1"}) == []
+    assert problems("stripe.charge", {"stripe_id": "pi_3Nx"}) == []
+    assert problems("stripe.charge", {"stripe_id": "cs_test_a1"}) == []
+    [kind] = problems("stripe.refund", {"stripe_id": "pi_demo1"})
+    assert "is not a refund" in kind and "re_" in kind
+    assert "is a refund" in problems("stripe.charge", {"stripe_id": "re_1"})[0]
+    for bad in ("pi_1, pi_2", "pi_1 pi_2", "pi_1_secret_abc", "pi_", 7):
+        assert problems("stripe.charge", {"stripe_id": bad}), bad
+    assert problems("email.send", {"message_id": "<a@d>"}) == []
+    assert "more than one" in problems("email.send", {"message_id": "<a@d>, <b@d>"})[0]
+    assert problems("email.send", {"message_id": "<a@d><b@d>"})
+    assert problems("email.send", {"message_id": "<a b@d>"})
+    assert problems("github.create_pr", {"number": 7, "head": "x"}) == []
+    for bad_number in ("7", 0, True, 7.0):
+        assert problems("github.create_pr", {"number": bad_number, "head": "x"}), bad_number
+    # A tool with no such contract makes no such claim.
+    assert problems("ledger.sync", {"stripe_id": "anything, really"}) == []
+
+
+def test_identities_a_receipt_claims() -> None:
+    from openonce_core.providers import receipt_identities, tool_prefix
+
+    [stripe] = receipt_identities(_caps("stripe.charge"), {"stripe_id": "pi_1"}, {})
+    assert (stripe.field, stripe.value, stripe.label) == ("stripe_id", "pi_1", "Stripe object pi_1")
+    # email.send matches two capabilities: one identity.
+    [mail] = receipt_identities(_caps("email.send"), {"message_id": " <k@d> "}, {})
+    assert mail.value == "<k@d>"
+    args = {"owner": "acme", "repo": "api", "head": "x"}
+    [pr] = receipt_identities(_caps("github.create_pr"), {"number": 7, "head": "x"}, args)
+    assert pr.label == "pull request acme/api#7"
+    assert pr.scope == (("owner", "acme"), ("repo", "api"))
+    assert tool_prefix("stripe.*") == "stripe." and tool_prefix("email.send") == "email.send"
