@@ -13,7 +13,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth.signals import user_login_failed
 from django.core.exceptions import PermissionDenied
 from django.dispatch import receiver
@@ -21,6 +20,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.cache import add_never_cache_headers
 
 from openonce_site.logsafe import one_line
+from openonce_site.middleware import forwarded_client
 
 security_log = logging.getLogger("openonce.security")
 
@@ -81,12 +81,10 @@ def log_login_failure(
 def client_address(request: HttpRequest) -> str:
     """The address a request came from, for logs and sign-in throttling.
 
-    REMOTE_ADDR, unless the operator declared a reverse proxy in front
-    (OPENONCE_TLS=proxy): then the last X-Forwarded-For entry, the one that proxy wrote.
-    Without that declaration the header is whatever the client wants it to be, and
-    believing it would let a guesser pick a fresh address for every try."""
-    address = str(request.META.get("REMOTE_ADDR", "")) or "?"
-    if getattr(settings, "OPENONCE_BEHIND_PROXY", False):
-        forwarded = str(request.META.get("HTTP_X_FORWARDED_FOR", "")).rsplit(",", 1)[-1].strip()
-        address = forwarded or address
+    REMOTE_ADDR, unless the operator declared a reverse proxy in front (OPENONCE_TLS=proxy)
+    and the request comes from one of OPENONCE_TRUSTED_PROXIES: then the client address
+    those proxies wrote in X-Forwarded-For. From anyone else the header is whatever the
+    client wants it to be, and believing it would let a guesser pick a fresh address for
+    every try."""
+    address = forwarded_client(request) or "?"
     return one_line(address[:100])

@@ -23,6 +23,7 @@ PERMISSIONS: dict[str, str] = {
     "override_rearm": "Can re-arm an effect although its provider says a miss is not evidence",
     "override_identity": "Can commit a receipt that names another effect's identity, with a reason",
     "export_audit": "Can read and export the operator audit log",
+    "clear_lockout": "Can see and clear sign-in lockouts",
 }
 
 VIEW = f"{APP_LABEL}.view_ledger"
@@ -32,6 +33,7 @@ CANCEL = f"{APP_LABEL}.cancel_effect"
 OVERRIDE_REARM = f"{APP_LABEL}.override_rearm"
 OVERRIDE_IDENTITY = f"{APP_LABEL}.override_identity"
 EXPORT_AUDIT = f"{APP_LABEL}.export_audit"
+CLEAR_LOCKOUT = f"{APP_LABEL}.clear_lockout"
 
 # Approving and resolving are separate roles on purpose: the person who lets a refund run
 # is not, by default, the one who decides what happened to it afterwards.

@@ -26,6 +26,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)*$")
 _ID = re.compile(r"^eff_[0-9a-f]{1,32}$")
 _GLOB_CHARS = set("*?[")
 _KINDS = ("id", "key", "scope", "tool", "arg")
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
 
 
 class SearchError(ValueError):
@@ -105,9 +106,17 @@ def _arguments(text: str) -> dict[str, Any]:
 def _value(raw: str) -> Any:
     if raw in ("true", "false", "null") or raw.startswith('"'):
         try:
-            return json.loads(raw)
+            value = json.loads(raw)
         except json.JSONDecodeError:
             raise SearchError(f"{raw!r} is not a JSON string; close the quotes") from None
+        if isinstance(value, str) and _UNSTORABLE.search(value):
+            # Escapes the box lets through, but no stored argument can hold: Postgres
+            # refuses NUL in jsonb and a lone surrogate in any text.
+            raise SearchError(
+                f"{raw!r}: you cannot search for NUL (\\u0000) or a lone surrogate"
+                " (\\ud800 to \\udfff); no stored argument holds one"
+            )
+        return value
     if re.fullmatch(r"-?(?:0|[1-9][0-9]{0,17})", raw):
         return int(raw)  # integers only: amounts are minor units, floats are refused
     return raw

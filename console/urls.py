@@ -1,10 +1,11 @@
 """Console URLs. Permissions (console.*): every page needs view_ledger; approve and deny
 need approve_effect; resolve-* need resolve_effect (an override also override_rearm);
-cancel needs cancel_effect; the audit log and its exports need export_audit."""
+cancel needs cancel_effect; the audit log and its exports need export_audit; the sign-in
+lockouts page and clearing a lockout need clear_lockout."""
 
 from django.urls import path
 
-from . import views
+from . import lockouts, views
 
 urlpatterns = [
     path("", views.queue, name="queue"),
@@ -42,5 +43,6 @@ urlpatterns = [
     path("audit/", views.audit, name="audit"),
     path("audit.csv", views.audit_export, {"fmt": "csv"}, name="audit-csv"),
     path("audit.json", views.audit_export, {"fmt": "json"}, name="audit-json"),
-    path("health/", views.health, name="health"),
+    path("lockouts/", lockouts.lockouts, name="lockouts"),
+    path("lockouts/clear/", lockouts.clear, name="lockout-clear"),
 ]

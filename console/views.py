@@ -18,7 +18,7 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import BadRequest, ValidationError
 from django.forms import Form
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
@@ -28,7 +28,7 @@ from django_htmx.middleware import HtmxDetails
 
 from notifications.selectors import deliveries_for
 
-from . import actions, exports, selectors
+from . import actions, exports, lockouts, selectors
 from . import context as decision
 from .access import deny, permission_required, require
 from .forms import (
@@ -61,16 +61,6 @@ QUEUE_LABELS = {
     "unknown": "UNKNOWN past grace",
     "approved": "Approved, waiting for the agent",
 }
-
-
-# -- machine-readable health (for load balancers; no ledger data, no sign-in) ------------
-
-
-@require_GET
-def health(request: HttpRequest) -> JsonResponse:
-    """For load balancers and monitors: 200 when sweeps progress, 503 when they stopped."""
-    report = selectors.health()
-    return JsonResponse(report.to_json(), status=200 if report.healthy else 503)
 
 
 # -- sign-in ------------------------------------------------------------------------------
@@ -317,6 +307,8 @@ def audit(request: HtmxHttpRequest) -> HttpResponse:
         "page": page,
         "filter_params": form.params(),
         "may_see_digests": _may_see_digests(request),
+        # Sign-in lockouts cleared belong to no effect's journal: their own record.
+        "clearings": lockouts.recent_clearings(),
     }
     return _render(request, "console/audit.html", "audit-rows", ctx, status)
 
@@ -399,11 +391,15 @@ def _decide(request: HtmxHttpRequest, effect_id: str, name: str) -> HttpResponse
         return _refused(request, effect, item, status=400)
     username = request.user.get_username()
     try:
-        actions.decide(name, effect.id, username, item.form.cleaned_data)
+        decided = actions.decide(name, effect.id, username, item.form.cleaned_data)
     except actions.DECISION_ERRORS as exc:
         item.form.add_error(None, str(exc))
         return _refused(request, effect, item, status=409)
     notice = f"{action.label}: done, journaled as operator:{username}."
+    check = (decided.verification_evidence or {}).get("provider_check")
+    if name == "resolve-happened" and isinstance(check, dict) and check.get("said"):
+        # What the provider said about the receipt's object, before it was committed.
+        notice += f" Asked before committing: {check['said']}."
     if request.htmx:
         # The effect changed as a whole (state, fence, journal): replace all of it.
         fresh = _get_effect_or_404(effect.id)
@@ -476,6 +472,8 @@ def _detail_context(
         "capabilities": capabilities,
         "guidance": [(c, c.guidance(prober_registered=probed)) for c in capabilities],
         "show_template": any(i.action.name == "resolve-happened" for i in offered),
+        # A receipt typed here is checked at the provider before it commits (actions.py).
+        "provider_verifies": bool(actions.verifiers(effect.tool)),
         "tier": selectors.evidence_tier(effect.tool),
         "receipt_template": decision.receipt_template(
             capabilities,

@@ -2,11 +2,14 @@
 
 A provider error that echoes a card number must not put it in the ledger: every secret
 value of the call is scrubbed from the message, from the exception's arguments and from
-the chain of causes *before* anything is cut to length or stored.
+the chain of causes *before* anything is cut to length or stored. A secret written in
+digits (a card, a phone number) is found by its digits too, however the text groups them.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +22,12 @@ MAX_MESSAGE = 2000
 SECRET = "[secret]"
 CYCLE = "<cycle>"  # what a container that holds itself is recorded as
 TOO_DEEP = "<too deep>"  # ... and one nested deeper than MAX_DEPTH
+# How people group digits: spaces (any, the no-break one too), dashes, dots, slashes,
+# brackets and the plus of a phone number.
+_SEPARATOR = r"[\s\-\u2010-\u2015./()+]"
+_ONLY_DIGITS_AND_SEPARATORS = re.compile(rf"(?:[0-9]|{_SEPARATOR})+")
+# Fewer digits than this are searched for exactly only: "1-2-3-4" would be everywhere.
+MIN_DIGITS = 6
 
 
 def describe(
@@ -132,8 +141,11 @@ def scrub(value: Any, secrets: tuple[str, ...], _inside: tuple[int, ...] = ()) -
         for secret in secrets:
             if secret in value:
                 value = value.replace(secret, SECRET)
+            digits = _digit_run(secret)
+            if digits is not None:
+                value = digits.sub(SECRET, value)
         return value
-    if isinstance(value, int) and not isinstance(value, bool) and str(value) in secrets:
+    if isinstance(value, int) and not isinstance(value, bool) and _is_secret_number(value, secrets):
         return SECRET
     if isinstance(value, list | tuple | dict):
         if id(value) in _inside:
@@ -145,6 +157,27 @@ def scrub(value: Any, secrets: tuple[str, ...], _inside: tuple[int, ...] = ()) -
             return {scrub(k, secrets, inside): scrub(v, secrets, inside) for k, v in value.items()}
         return [scrub(v, secrets, inside) for v in value]
     return value
+
+
+def _is_secret_number(value: int, secrets: tuple[str, ...]) -> bool:
+    text = str(value)
+    if text in secrets:
+        return True
+    return any((run := _digit_run(s)) is not None and run.search(text) for s in secrets)
+
+
+@functools.lru_cache(maxsize=256)
+def _digit_run(secret: str) -> re.Pattern[str] | None:
+    """For a secret made of digits and separators, a pattern for its digits grouped any
+    way (up to three separators between two digits): 4242424242424242, 4242 4242 4242
+    4242 and 4242-4242-4242-4242 are one card. None for any other secret."""
+    if not _ONLY_DIGITS_AND_SEPARATORS.fullmatch(secret):
+        return None
+    digits = [c for c in secret if c in "0123456789"]
+    if len(digits) < MIN_DIGITS:
+        return None
+    # Linear: a separator is never a digit, so no two ways to match the same text.
+    return re.compile(f"{_SEPARATOR}{{0,3}}".join(digits))
 
 
 def _plain(value: Any, _inside: tuple[int, ...] = ()) -> Any:

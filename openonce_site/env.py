@@ -72,6 +72,23 @@ def env_list(name: str, default: list[str] | None = None) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
+def env_networks(name: str, default: list[str]) -> list[str]:
+    """Comma-separated IP addresses or networks (``10.0.0.0/8``, ``::1``), each written
+    back in its exact form (``192.0.2.7/32``). A name or a malformed address stops
+    start-up: a typo must not silently trust nobody, or everybody."""
+    import ipaddress
+
+    networks = []
+    for item in env_list(name, default):
+        try:
+            networks.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"{name}: {item!r} is not an IP address or network (e.g. 10.0.0.5, 172.16.0.0/12)"
+            ) from None
+    return networks
+
+
 def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
     value = os.environ.get(name)
     if value is None or value == "":

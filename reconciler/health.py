@@ -3,8 +3,9 @@
 Unhealthy when no sweep started within twice the interval (beat or workers are down, or
 stalled after a broker reconnect), when a sweep's batches have not all reported back
 within the task time limit (workers are not draining the queue), when a provider's
-prober is failing on its credentials (named, with the provider's reason), or when a
-message that kept killing workers is quarantined.
+prober is failing on its credentials (named, with the provider's reason, credentials
+masked), or when a message that kept killing workers is quarantined. Who may read these
+reasons is the view's business (``views.health``): everyone gets only the verdict.
 
 Start-up grace: a beat or ``reconcile --watch`` records when it started. For
 OPENONCE_HEALTH_STARTUP_GRACE seconds after the newest start, "no sweep since" is not a
@@ -23,6 +24,8 @@ from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
+
+from openonce_core.redact import redact_text
 
 from . import deliveries
 from .models import DaemonStart, ProberStatus, Sweep
@@ -155,11 +158,14 @@ def reconciler_health(at: datetime | None = None) -> Health:
 def _probers(health: Health) -> None:
     """A prober refused on its credentials makes health red, naming provider and reason."""
     for row in ProberStatus.objects.order_by("-failing", "provider"):
+        # A provider's refusal may quote the key it refused. Masked again as it is read,
+        # for rows stored before reasons were masked on the way in.
+        reason = redact_text(row.reason)
         health.probers.append(
             {
                 "provider": row.provider,
                 "failing": row.failing,
-                "reason": row.reason if row.failing else "",
+                "reason": reason if row.failing else "",
                 "tools": row.tools,
                 "since": row.since.isoformat() if row.failing and row.since else None,
                 "last_success_at": (
@@ -171,7 +177,7 @@ def _probers(health: Health) -> None:
             health.healthy = False
             since = f" since {row.since:%H:%M:%S}" if row.since else ""
             health.reasons.append(
-                f"{row.provider} prober failing{since}: {row.reason}; its effects wait"
+                f"{row.provider} prober failing{since}: {reason}; its effects wait"
                 " for a re-probe (fix the credentials)"
             )
 

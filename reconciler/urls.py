@@ -6,4 +6,6 @@ urlpatterns = [
     path("livez", views.livez, name="livez"),
     path("readyz", views.readyz, name="readyz"),
     path("metrics", views.metrics, name="metrics"),
+    # Only the verdict without the token or a sign-in (reconciler.views.health).
+    path("health/", views.health, name="health"),
 ]

@@ -7,8 +7,13 @@ Prometheus.
 * ``/metrics`` — Prometheus exposition (``reconciler.metrics``); with
   OPENONCE_METRICS_TOKEN set it needs ``Authorization: Bearer <token>``.
 
-Reconciler progress (sweeps, probers, quarantine) is ``/health/``: a stopped beat must
-not make the console unready, and a down database must not read as a stopped beat.
+* ``/health/`` — reconciler progress (sweeps, probers, quarantine): 200 or 503 with
+  ``{"healthy": …}`` for everyone; the reasons only with ``Authorization: Bearer
+  <OPENONCE_HEALTH_TOKEN>`` or for a signed-in operator. A prober's reason can quote what
+  a provider said about our credentials; a load balancer needs only the verdict.
+
+Progress is separate from readiness: a stopped beat must not make the console unready,
+and a down database must not read as a stopped beat.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from openonce_core.errors import OpenOnceError
 from openonce_core.schema import SCHEMA_VERSION
 from openonce_site.ledger import get_openonce
 
+from .health import reconciler_health
 from .metrics import registry
 
 
@@ -72,6 +78,26 @@ def readyz(request: HttpRequest) -> JsonResponse:
         checks["migrations"] = f"unreadable: {type(exc).__name__}"
     checks["seconds"] = f"{time.monotonic() - started:.3f}"
     return JsonResponse({"ready": ready, "checks": checks}, status=200 if ready else 503)
+
+
+@never_cache
+@require_GET
+def health(request: HttpRequest) -> JsonResponse:
+    report = reconciler_health()
+    status = 200 if report.healthy else 503
+    if _may_see_health_details(request):
+        return JsonResponse(report.to_json(), status=status)
+    return JsonResponse({"healthy": report.healthy}, status=status)
+
+
+def _may_see_health_details(request: HttpRequest) -> bool:
+    token = settings.OPENONCE_HEALTH_TOKEN
+    if token:
+        given = request.headers.get("Authorization", "")
+        if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return True
+    user = getattr(request, "user", None)
+    return bool(user is not None and user.has_perm("console.view_ledger"))
 
 
 @never_cache

@@ -21,6 +21,7 @@ from openonce_site.env import (
     env_float,
     env_int,
     env_list,
+    env_networks,
     env_str,
 )
 
@@ -73,12 +74,16 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Before SecurityMiddleware, whose HTTPS redirect reads X-Forwarded-Proto.
+    "openonce_site.middleware.ForwardedHeadersMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files straight after security headers, before sessions and auth: the
     # stylesheet and htmx need neither, and are served compressed with far-future caching.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "openonce_site.middleware.PermissionsPolicyMiddleware",
+    # Before anything reads request.GET or request.POST (sessions, CSRF).
+    "openonce_site.middleware.RequestCharsetMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -164,6 +169,15 @@ OPENONCE_SIGNIN_USER_LIMIT = env_int("OPENONCE_SIGNIN_USER_LIMIT", 5, minimum=1)
 OPENONCE_SIGNIN_ADDRESS_LIMIT = env_int("OPENONCE_SIGNIN_ADDRESS_LIMIT", 20, minimum=1)
 OPENONCE_SIGNIN_WINDOW = env_int("OPENONCE_SIGNIN_WINDOW", 900, minimum=1)  # seconds
 OPENONCE_SIGNIN_LOCKOUT = env_int("OPENONCE_SIGNIN_LOCKOUT", 900, minimum=1)  # seconds
+# Failures for one name from every address beyond which that name is slowed (each
+# further failure doubles the wait for an address it never signed in from, up to the
+# maximum, in seconds) instead of locked: a stranger cannot keep the owner out.
+OPENONCE_SIGNIN_USER_CAP = env_int("OPENONCE_SIGNIN_USER_CAP", 20, minimum=1)
+OPENONCE_SIGNIN_SLOWDOWN_MAX = env_int("OPENONCE_SIGNIN_SLOWDOWN_MAX", 60, minimum=1)  # seconds
+# With OPENONCE_TLS=proxy, X-Forwarded-For and -Proto are believed only from these peers
+# (openonce_site.middleware.ForwardedHeadersMiddleware). Loopback by default: a proxy on
+# the same host; a proxy elsewhere (compose's Caddy) must be named.
+OPENONCE_TRUSTED_PROXIES = env_networks("OPENONCE_TRUSTED_PROXIES", ["127.0.0.0/8", "::1"])
 
 
 def cache_from_url(url: str) -> dict[str, object]:
@@ -308,9 +322,19 @@ OPENONCE_HEALTH_STARTUP_GRACE = env_float("OPENONCE_HEALTH_STARTUP_GRACE", 60.0)
 OPENONCE_TASK_MAX_DELIVERIES = env_int("OPENONCE_TASK_MAX_DELIVERIES", 3, minimum=1)
 # /metrics answers only with "Authorization: Bearer <token>" when this is set.
 OPENONCE_METRICS_TOKEN = env_str("OPENONCE_METRICS_TOKEN", "")
+# /health/ details (reasons, probers, sweeps) need ``Authorization: Bearer <token>`` or a
+# signed-in operator; without either it answers only healthy or unhealthy.
+OPENONCE_HEALTH_TOKEN = env_str("OPENONCE_HEALTH_TOKEN", "")
 
 # -- Celery: Redis carries messages only; every decision is in the ledger -------------
 CELERY_BROKER_URL = env_str("OPENONCE_BROKER_URL", "redis://127.0.0.1:6379/0")
+# The probers' rate limiter every process shares (reconciler.ratelimit): a provider's limit
+# is the account's, so N workers must not each spend it. The broker when it is Redis;
+# "off": each process limits on its own.
+OPENONCE_RATE_LIMIT_REDIS = env_str(
+    "OPENONCE_RATE_LIMIT_REDIS",
+    CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else "off",
+)
 CELERY_TIMEZONE = "UTC"  # DST once doubled and skipped beat runs (celery #1604, #10107)
 CELERY_ENABLE_UTC = True
 CELERY_TASK_SERIALIZER = "json"
@@ -348,20 +372,22 @@ if OPENONCE_PROBE_TIMEOUT + 0.5 > 0.8 * CELERY_TASK_SOFT_TIME_LIMIT:
     )
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
-# The tick has its own queue, so it never waits behind a backlog of batches in theirs. A
-# worker consumes both unless told otherwise; `celery worker -Q openonce.tick` is a
-# dedicated tick worker, `-Q openonce.batches` a batch-only one.
+# The tick and the notifier have their own queues, so neither waits behind a backlog of
+# batches in theirs. A worker consumes all three unless told otherwise; `celery worker -Q
+# openonce.tick,openonce.notify` is a dedicated tick worker, `-Q openonce.batches` a
+# batch-only one.
 CELERY_TASK_QUEUES = tuple(
     # Each queue its own exchange and key: a bare Queue(name) would bind to the default
     # exchange and key, and both queues would receive every batch.
     Queue(name, Exchange(name, type="direct"), routing_key=name)
-    for name in ("openonce.tick", "openonce.batches")
+    for name in ("openonce.tick", "openonce.notify", "openonce.batches")
 )
 CELERY_TASK_DEFAULT_QUEUE = "openonce.batches"
 CELERY_TASK_DEFAULT_EXCHANGE = "openonce.batches"
 CELERY_TASK_DEFAULT_ROUTING_KEY = "openonce.batches"
 CELERY_TASK_ROUTES = {
     "openonce.tick": {"queue": "openonce.tick"},
+    "openonce.notify": {"queue": "openonce.notify"},
     "openonce.reconcile_batch": {"queue": "openonce.batches"},
 }
 # Task events (sent, started, succeeded, failed...) for Flower or `celery events`.
@@ -374,6 +400,11 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = OPENONCE_LOG_FORMAT != "json"
 OPENONCE_NOTIFY = env_str("OPENONCE_NOTIFY", "")  # a JSON list of channels, or @file.json
 OPENONCE_CONSOLE_URL = env_str("OPENONCE_CONSOLE_URL", "http://127.0.0.1:8000")  # deep links
 OPENONCE_NOTIFY_INTERVAL = env_float("OPENONCE_NOTIFY_INTERVAL", 5.0, positive=True)
+# Webhook and Slack destinations inside (loopback, private, link-local...) are refused
+# unless this is set or the channel says allow_private (notifications/destinations.py).
+OPENONCE_NOTIFY_ALLOW_PRIVATE = env_bool("OPENONCE_NOTIFY_ALLOW_PRIVATE", False)
+# When set, the only hosts a webhook or Slack message may go to (*.example.com: subdomains).
+OPENONCE_NOTIFY_ALLOWED_HOSTS = env_list("OPENONCE_NOTIFY_ALLOWED_HOSTS", [])
 DEFAULT_FROM_EMAIL = env_str("OPENONCE_MAIL_FROM", "openonce@localhost")
 
 # The one place the periodic work is declared.

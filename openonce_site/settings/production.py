@@ -8,9 +8,11 @@ Where TLS ends is the operator's statement, ``OPENONCE_TLS``:
 
 * ``direct`` (the default): gunicorn terminates TLS itself (``--certfile``/``--keyfile``);
   no forwarded header is believed.
-* ``proxy``: a reverse proxy in front terminates TLS (compose's Caddy service). Only then
-  are its ``X-Forwarded-Proto`` and ``X-Forwarded-For`` believed: published directly,
-  any client could claim HTTPS or another address.
+* ``proxy``: a reverse proxy in front terminates TLS (compose's Caddy service). Only then,
+  and only from a peer in ``OPENONCE_TRUSTED_PROXIES`` (base.py; loopback by default), are
+  ``X-Forwarded-Proto`` and ``X-Forwarded-For`` believed; from anyone else
+  ``openonce_site.middleware.ForwardedHeadersMiddleware`` drops them, so a client that
+  reaches gunicorn directly cannot claim HTTPS or another address.
 * ``off``: plain HTTP, explicitly, for a private network. No HTTPS redirect (nothing
   would answer it), no HSTS, cookies without ``Secure``; ``check --deploy`` reports
   exactly those.

@@ -659,18 +659,21 @@ def test_health_judged_by_recorded_sweeps(ledger, settings) -> None:
     assert reconciler_health().oldest_unknown_age is not None
 
 
-def test_health_endpoint_returns_200_or_503(ledger, client) -> None:
+def test_health_endpoint_returns_200_or_503(ledger, client, settings) -> None:
     from reconciler.sweep import sweep
 
-    empty = client.get("/health/")
+    settings.OPENONCE_HEALTH_TOKEN = "t" * 20
+    token = {"HTTP_AUTHORIZATION": "Bearer " + "t" * 20}  # details need the token
+    empty = client.get("/health/", **token)
     assert empty.status_code == 503
     assert empty["Content-Type"] == "application/json"
     assert empty.json()["healthy"] is False
     assert empty.json()["reasons"] == ["no sweep has run yet"]
+    assert client.get("/health/").json() == {"healthy": False}  # the public answer
 
     make_unknown(ledger, ["paid-endpoint"])
     sweep("once")
-    ok = client.get("/health/")
+    ok = client.get("/health/", **token)
     assert ok.status_code == 200
     body = ok.json()
     assert body["healthy"] is True and body["reasons"] == []

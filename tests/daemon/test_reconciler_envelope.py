@@ -180,8 +180,13 @@ def test_celery_envelope_settings() -> None:
     from reconciler.tasks import reconcile_batch
 
     conf = app.conf
-    assert {q.name for q in conf.task_queues} == {"openonce.tick", "openonce.batches"}
+    assert {q.name for q in conf.task_queues} == {
+        "openonce.tick",
+        "openonce.notify",
+        "openonce.batches",
+    }
     assert app.amqp.router.route({}, "openonce.tick")["queue"].name == "openonce.tick"
+    assert app.amqp.router.route({}, "openonce.notify")["queue"].name == "openonce.notify"
     assert app.amqp.router.route({}, "openonce.reconcile_batch")["queue"].name == (
         "openonce.batches"
     )
@@ -343,11 +348,12 @@ def test_start_up_grace_then_red_when_no_sweep_follows(ledger, settings) -> None
     assert not stale.healthy and "beat or workers stopped" in stale.reasons[0]
 
 
-def test_health_json_names_probers_quarantine_and_start(ledger, client) -> None:
+def test_health_json_names_probers_quarantine_and_start(ledger, client, settings) -> None:
     from reconciler.tasks import record_start
 
+    settings.OPENONCE_HEALTH_TOKEN = "t" * 20
     record_start("beat")
-    body = client.get("/health/").json()
+    body = client.get("/health/", HTTP_AUTHORIZATION="Bearer " + "t" * 20).json()
     assert body["healthy"] is True and body["started_at"] is not None
     assert body["probers"] == [] and body["quarantined"] == []
 

@@ -165,7 +165,11 @@ def test_a_forged_x_forwarded_for_does_not_buy_fresh_addresses(
     assert answers == [200] * 5 + [429] * 2
 
 
-@override_settings(OPENONCE_SIGNIN_ADDRESS_LIMIT=3, OPENONCE_BEHIND_PROXY=True)
+@override_settings(
+    OPENONCE_SIGNIN_ADDRESS_LIMIT=3,
+    OPENONCE_BEHIND_PROXY=True,
+    OPENONCE_TRUSTED_PROXIES=["172.18.0.0/16"],  # the proxy must be named: not loopback
+)
 def test_behind_the_declared_proxy_the_address_it_wrote_is_counted(
     approver: User, clock: Clock
 ) -> None:

@@ -630,6 +630,8 @@ def test_the_readme_production_section_gives_the_commands_this_test_runs() -> No
     services = compose()["services"]
     commands = [services[name]["command"] for name in ("migrate", "web", "worker", "beat", "proxy")]
     commands[-1] = replace_arg(commands[-1], "--config", "deploy/Caddyfile")
+    # Compose binds 0.0.0.0 inside its container; on a host the README binds loopback.
+    commands[1] = replace_arg(commands[1], "--bind", "127.0.0.1:8000")
     commands += [
         dockerfile_collectstatic(),
         ["django-admin", "check", "--deploy"],

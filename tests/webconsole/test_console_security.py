@@ -58,7 +58,7 @@ HOLDS = {
     "viewer": {"view"},
     "operator": {"view", "resolve", "cancel"},
     "approver": {"view", "approve"},
-    "admin": {"view", "resolve", "cancel", "approve", "audit"},
+    "admin": {"view", "resolve", "cancel", "approve", "audit", "lockout"},
 }
 
 
@@ -93,6 +93,8 @@ def _urls(effect_id: str) -> list[tuple[str, str, str, dict[str, Any], int]]:
         ("GET", "audit", reverse("audit"), {}, 200),
         ("GET", "audit", reverse("audit-csv"), {}, 200),
         ("GET", "audit", reverse("audit-json"), {}, 200),
+        ("GET", "lockout", reverse("lockouts"), {}, 200),
+        ("POST", "lockout", reverse("lockout-clear"), {}, 400),
     ]
 
 

@@ -2,7 +2,9 @@
 
 Prints the password it set (a random one unless ``--password`` is given), once. A given
 password must pass the deployment's AUTH_PASSWORD_VALIDATORS, exactly as a password set
-anywhere else; a refused one changes nothing (no account is created or reset).
+anywhere else; a refused one changes nothing (no account is created or reset). A reset
+also ends the name's sign-in lockout (``clear_lockout``): a new password is useless to
+someone who cannot sign in with it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connection, transaction
 
+from console import signin
 from console.roles import ROLES, sync_roles
 
 
@@ -60,5 +63,7 @@ class Command(BaseCommand):
             user.set_password(password)
             user.save()
             user.groups.set([Group.objects.get(name=options["role"])])
+        signin.clear_lockout(username)
         verb = "created" if created else "reset"
+        self.stdout.write(f"sign-in lockout of {username} cleared")
         self.stdout.write(f"{verb} {username} ({options['role']}), password: {password}")
