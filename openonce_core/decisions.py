@@ -271,6 +271,17 @@ class Decisions:
                     if not override_identity:
                         raise ReceiptIdentityError(effect.id, [unconfirmed])
                     mismatches = [*mismatches, unconfirmed]
+                # The provider can take seconds to answer: someone may have committed the
+                # same object on another effect meanwhile (a second tab). Ask the ledger
+                # again, as late as possible; what is left is the gap to the commit.
+                taken = [
+                    p
+                    for p in self.receipt_identity_problems(effect, receipt)
+                    if p not in mismatches
+                ]
+                if taken and not override_identity:
+                    raise ReceiptIdentityError(effect.id, taken)
+                mismatches = [*mismatches, *taken]
             if mismatches:
                 evidence["identity_override"] = mismatches
             changes = {
@@ -301,6 +312,7 @@ class Decisions:
                 identity.value,
                 identity.scope,
                 exclude=effect.id,
+                loose=True,  # another effect's receipt may spell the object differently
             )
             holders = [o for o in found if fnmatch.fnmatchcase(o.tool, identity.tool_pattern)]
             if holders:

@@ -17,7 +17,7 @@ Shapes recognised:
 * an ``Authorization`` value, a ``Bearer`` token, a ``Basic`` credential;
 * the ``user:password@`` of a URL (a user name alone is kept);
 * 13 to 19 digits that pass the Luhn check, written together or grouped with single
-  spaces or dashes (``4242 4242 4242 4242``).
+  spaces, no-break spaces, dots or dashes (``4242 4242 4242 4242``, ``4242.4242…``).
 
 Shapes are a net, not a proof: a key in a format not listed passes through. Only the
 standard library is used, so any part of OpenOnce may import it.
@@ -38,9 +38,10 @@ _KEYS = re.compile(
     r"|github_pat_[A-Za-z0-9_]{20,}"
     r")"
 )
-# "Authorization: <scheme> <value>" (or "authorization=..."): the whole value goes.
+# "Authorization: <scheme> <value>" (or "authorization=...", or quoted as in a dict's
+# repr or JSON: "'Authorization': 'token ...'"): the whole value goes.
 _AUTHORIZATION = re.compile(
-    r"(?i)(\bauthorization\s*[:=]\s*)"
+    r"(?i)(\bauthorization['\"]?\s*[:=]\s*['\"]?)"
     r"(?:(?:bearer|basic|token|digest|bot)\s+)?[^\s,;'\"]+"
 )
 _BEARER = re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/-]{8,}=*")
@@ -51,8 +52,10 @@ _BASIC = re.compile(r"(\bBasic\s+)(?![A-Z]?[a-z]+\b)[A-Za-z0-9+/]{8,}={0,2}")
 # path ends the user information).
 _URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#@:]*:[^\s/?#]*@")
 # Runs of digit groups (3 or more digits each: every card layout uses such groups) joined
-# by single spaces or dashes; not part of a word, an id (ch_123…) or a decimal (0.123…).
-_DIGIT_RUN = re.compile(r"(?<![\w.])\d{3,}(?:[ -]\d{3,})*(?!\w)")
+# by single spaces, no-break spaces, dots or dashes; not part of a word, an id (ch_123…)
+# or a decimal (0.123…).
+_SEPARATOR = "[ .\u00a0-]"
+_DIGIT_RUN = re.compile(rf"(?<![\w.])\d{{3,}}(?:{_SEPARATOR}\d{{3,}})*(?!\w)")
 _CARD_DIGITS = range(13, 20)
 
 
@@ -72,7 +75,7 @@ def _cards_in_run(match: re.Match[str]) -> str:
     after it), so every span of whole groups holding 13-19 digits is tried, longest
     first; the digits of one group are never split."""
     run = match.group(0)
-    groups = re.split(r"([ -])", run)  # digits, separator, digits, ...
+    groups = re.split(f"({_SEPARATOR})", run)  # digits, separator, digits, ...
     digits = groups[0::2]
     separators = groups[1::2]
     out: list[str] = []

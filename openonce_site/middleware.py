@@ -65,8 +65,15 @@ def forwarded_client(request: HttpRequest) -> str:
 
 
 def _ip(text: str) -> Address | None:
+    text = text.strip()
+    # Some proxies write the client's port too ("192.0.2.1:51000", "[2001:db8::1]:51000");
+    # a new connection has a new port, so the address alone is the client.
+    if text.startswith("[") and "]" in text:
+        text = text[1 : text.index("]")]
+    elif text.count(":") == 1:  # a bare IPv6 address has several colons
+        text = text.partition(":")[0]
     try:
-        address = ipaddress.ip_address(text.strip().strip("[]"))
+        address = ipaddress.ip_address(text)
     except ValueError:
         return None
     # An IPv4 peer of a server bound to [::] arrives as ::ffff:a.b.c.d.

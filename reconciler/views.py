@@ -26,7 +26,7 @@ from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_safe
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from openonce_core.errors import OpenOnceError
@@ -38,13 +38,13 @@ from .metrics import registry
 
 
 @never_cache
-@require_GET
+@require_safe  # GET or HEAD: load balancers probe with either
 def livez(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"alive": True})
 
 
 @never_cache
-@require_GET
+@require_safe  # GET or HEAD: load balancers probe with either
 def readyz(request: HttpRequest) -> JsonResponse:
     checks: dict[str, str] = {}
     ready = True
@@ -81,7 +81,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
 
 
 @never_cache
-@require_GET
+@require_safe  # GET or HEAD: load balancers probe with either
 def health(request: HttpRequest) -> JsonResponse:
     report = reconciler_health()
     status = 200 if report.healthy else 503

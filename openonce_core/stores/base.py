@@ -63,9 +63,11 @@ class Store(Protocol):
         *,
         exclude: str = "",
         limit: int = 5,
+        loose: bool = False,
     ) -> list[Effect]:
         """COMMITTED effects (not ``exclude``) whose receipt's ``field`` is ``value``: who
-        already holds the provider object a person's receipt names (``sql.SQLStore``)."""
+        already holds the provider object a person's receipt names (``sql.SQLStore``;
+        ``loose``: however the value is spelt)."""
         ...
 
     # -- writes (only openonce_core.ledger.Ledger calls these) -------------------------------

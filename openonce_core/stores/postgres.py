@@ -45,6 +45,10 @@ T = TypeVar("T")
 CHANNEL = "openonce_effects"
 
 
+# The letters a loose identity comparison folds (``_json_field_like``).
+_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
 @functools.lru_cache(maxsize=512)
 def _pg(query: str) -> str:
     """A shared query (``?`` placeholders) in psycopg's style; the reads are a few fixed
@@ -332,6 +336,22 @@ class PostgresStore(sql.SQLStore):
             f"({column}::jsonb ->> '{key}') = ? AND jsonb_typeof({column}::jsonb -> '{key}') = ?"
         )
         return condition, [str(value), kind]
+
+    def _json_field_like(self, column: str, name: str, value: str | int) -> tuple[str, list[Any]]:
+        key = sql.json_name(name)
+        text = f"btrim({column}::jsonb ->> '{key}', ?)"
+        kind = f"jsonb_typeof({column}::jsonb -> '{key}')"
+        if isinstance(value, int):
+            # A number compares as a number (7.0 is 7), text by its digits.
+            number = f"({column}::jsonb -> '{key}')::numeric"
+            return (
+                f"CASE {kind} WHEN 'number' THEN {number} = ?"
+                f" WHEN 'string' THEN ltrim({text}, '#0') = ? ELSE false END",
+                [value, sql.LOOSE_TRIM, sql.loose_text(value)],
+            )
+        # translate, not lower: ASCII only, as loose_text and SQLite's lower() fold case.
+        folded = f"translate({text}, '{_UPPER}', '{_UPPER.lower()}')"
+        return f"{folded} = ? AND {kind} = 'string'", [sql.LOOSE_TRIM, sql.loose_text(value)]
 
     def _tool_starts_with(self, prefix: str) -> tuple[str, list[Any]]:
         # LIKE is exact under any collation (a range would follow the locale's order).

@@ -148,6 +148,20 @@ def json_name(name: str) -> str:
 _JSON_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+# What a loose comparison trims: the same characters in Python and in both databases.
+LOOSE_TRIM = " \t\r\n"
+
+
+def loose_text(value: str | int) -> str:
+    """``value`` as a loose identity comparison sees it (``SQLStore.committed_receipts_naming``)."""
+    if isinstance(value, int):
+        return str(value).lstrip("#0")
+    return value.strip(LOOSE_TRIM).translate(_ASCII_LOWER)
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
 def marks(n: int) -> str:
     return ", ".join("?" * n)
 
@@ -323,11 +337,17 @@ class SQLStore:
         *,
         exclude: str = "",
         limit: int = 5,
+        loose: bool = False,
     ) -> list[Effect]:
         """COMMITTED effects, other than ``exclude``, whose receipt's top-level ``field``
         equals ``value`` as JSON (7 is not "7"), whose tool starts with ``tool_prefix`` and
         whose arguments hold each ``(name, value)`` of ``scope``: which effect already
         holds a provider object a person's receipt names. The caller matches the tool glob.
+
+        ``loose`` compares as an identity must, where a miss would commit one object
+        twice: text ignoring surrounding whitespace and ASCII case (GitHub's ``Acme/API``
+        is ``acme/api``), and a number also as text written ``"7"``, ``"#7"`` or
+        ``"007"`` (a handler's receipt may hold a PR number so).
 
         The state, the tool and the JSON comparison all run in the database; no index
         serves the JSON field yet, so the database reads the committed rows of the tool
@@ -337,7 +357,11 @@ class SQLStore:
         for column_name, name, wanted in [("result_json", field, value)] + [
             ("args_json", n, v) for n, v in scope
         ]:
-            condition, bound = self._json_field_is(column_name, name, wanted)
+            condition, bound = (
+                self._json_field_like(column_name, name, wanted)
+                if loose
+                else self._json_field_is(column_name, name, wanted)
+            )
             conditions.append(condition)
             params.extend(bound)
         if tool_prefix:
@@ -355,6 +379,12 @@ class SQLStore:
         """A condition (and its parameters): top-level ``name`` of the JSON in ``column``
         is ``value``, of the same JSON type. Each dialect says it its own way, in the form
         an expression index on that field would serve."""
+        raise NotImplementedError
+
+    def _json_field_like(self, column: str, name: str, value: str | int) -> tuple[str, list[Any]]:
+        """A condition: top-level ``name`` of the JSON in ``column`` names ``value`` as an
+        identity (``loose`` above): the field's text, trimmed, is ``loose_text(value)``,
+        lower-cased for text, without leading '#' and '0' for a number."""
         raise NotImplementedError
 
     def _tool_starts_with(self, prefix: str) -> tuple[str, list[Any]]:

@@ -465,6 +465,21 @@ class SQLiteStore(sql.SQLStore):
         # json_extract gives an SQL value, text or integer: "7" (text) is not 7 (integer).
         return f"json_extract({column}, '$.{sql.json_name(name)}') = ?", [value]
 
+    def _json_field_like(self, column: str, name: str, value: str | int) -> tuple[str, list[Any]]:
+        path = f"'$.{sql.json_name(name)}'"
+        text = f"trim(CAST(json_extract({column}, {path}) AS TEXT), ?)"
+        kind = f"json_type({column}, {path})"
+        if isinstance(value, int):
+            # A number compares as a number (7.0 is 7), text by its digits.
+            return (
+                f"CASE {kind} WHEN 'integer' THEN json_extract({column}, {path}) = ?"
+                f" WHEN 'real' THEN json_extract({column}, {path}) = ?"
+                f" WHEN 'text' THEN ltrim({text}, '#0') = ? ELSE 0 END",
+                [value, value, sql.LOOSE_TRIM, sql.loose_text(value)],
+            )
+        # SQLite's lower() folds ASCII only, as loose_text does.
+        return f"lower({text}) = ? AND {kind} = 'text'", [sql.LOOSE_TRIM, sql.loose_text(value)]
+
     def _tool_starts_with(self, prefix: str) -> tuple[str, list[Any]]:
         # A range, not LIKE: SQLite's LIKE ignores case and cannot use the tool index, and
         # the column's BINARY collation orders by code point, so the range is exact.

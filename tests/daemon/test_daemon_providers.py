@@ -106,7 +106,9 @@ def test_429s_with_retry_after_send_nobody_to_a_person(
 ) -> None:
     ids = list(make_unknown(daemon.dsn, [f"paid-{n}" for n in range(60)]).values())
     stamp_all(daemon, stripe, ids)
-    stripe.fail_next(429, count=40, headers={"Retry-After": "2"},
+    # The workers share one limiter (Redis), so each 429 pauses them all for its 2 s:
+    # 20 of them in a row hold probing for 40 s, as the provider asked.
+    stripe.fail_next(429, count=20, headers={"Retry-After": "2"},
                      body={"error": {"message": "Too many requests"}})  # fmt: skip
     env = stripe_env(daemon, stripe, OPENONCE_TEST_STRIPE_RPS="9", OPENONCE_PROBE_RETRIES="2")
     daemon.worker("worker", env=env, concurrency=2, loglevel="warning")

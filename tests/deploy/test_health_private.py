@@ -80,6 +80,14 @@ def test_health_is_read_only(failing_prober: None) -> None:
     assert Client().post("/health/").status_code == 405
 
 
+@pytest.mark.parametrize("path", ["/health/", "/livez", "/readyz"])
+def test_a_load_balancer_probing_with_head_gets_the_status(failing_prober: None, path) -> None:
+    # Load balancers (HAProxy's option httpchk HEAD, some ELB setups) probe with HEAD.
+    got = Client().head(path)
+    assert got.status_code == Client().get(path).status_code
+    assert got.content == b""
+
+
 def test_the_container_health_check_passes_on_the_public_answer(
     failing_prober: None, live_server, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
