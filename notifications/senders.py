@@ -21,6 +21,7 @@ an internal service's, are never recorded or shown.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -28,6 +29,7 @@ import http.client
 import json
 import socket
 import ssl
+import threading
 import unicodedata
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -42,7 +44,10 @@ from openonce_core.redact import redact_text
 from . import destinations
 from .config import Channel
 
-TIMEOUT = 10.0  # seconds for one attempt
+TIMEOUT = 10.0  # seconds for one read or write of an attempt
+# The whole attempt, however the receiver paces its answer: well inside the delivery's
+# claim (dispatch.CLAIM_SECONDS), or a slow receiver would be sent the message twice.
+ATTEMPT_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -163,17 +168,29 @@ def _post(channel: Channel, body: bytes, headers: dict[str, str]) -> Outcome:
         headers["Authorization"] = "Basic " + base64.b64encode(user_password.encode()).decode()
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     connection = _connection(parts, address)
+    # A receiver answering a byte at a time keeps every read inside TIMEOUT: past the
+    # attempt's deadline its socket is shut, which ends whatever read is waiting.
+    cut = threading.Event()
+    deadline = threading.Timer(ATTEMPT_SECONDS, _cut_off, (connection, cut))
+    deadline.daemon = True
+    deadline.start()
     try:
         connection.request("POST", path, body=body, headers=headers)
         response = connection.getresponse()
         status, location = response.status, response.getheader("Location") or ""
-    except http.client.HTTPException as exc:
-        # Its message can quote what the other end sent: only the kind of failure is kept.
-        kind = type(exc).__name__
-        return Outcome(False, None, f"could not deliver: the answer was not HTTP ({kind})")
-    except (OSError, ValueError) as exc:  # refused, reset, timed out, a bad certificate
+    except (http.client.HTTPException, OSError, ValueError) as exc:
+        if cut.is_set():
+            return Outcome(
+                False, None, f"could not deliver: no complete answer within {ATTEMPT_SECONDS:g}s"
+            )
+        if isinstance(exc, http.client.HTTPException):
+            # Its message can quote what the other end sent: only the kind is kept.
+            kind = type(exc).__name__
+            return Outcome(False, None, f"could not deliver: the answer was not HTTP ({kind})")
+        # refused, reset, timed out, a bad certificate
         return Outcome(False, None, shown(f"could not deliver: {exc}")[:300])
     finally:
+        deadline.cancel()
         connection.close()
     if 200 <= status < 300:
         return Outcome(True, status)
@@ -182,6 +199,14 @@ def _post(channel: Channel, body: bytes, headers: dict[str, str]) -> Outcome:
         target = _host_of(location)
         return Outcome(False, status, f"{answered}: redirect refused, not followed (to {target})")
     return Outcome(False, status, answered)
+
+
+def _cut_off(connection: http.client.HTTPConnection, cut: threading.Event) -> None:
+    cut.set()
+    sock = connection.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):  # already closed: the attempt ended on its own
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def _host_of(location: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,7 @@ from django.test import override_settings
 from django.urls import reverse
 from test_console_views import Agent, client_for, fresh_ledger, html, make_users
 
-from notifications import dispatch
+from notifications import dispatch, senders
 from notifications.config import channels
 from notifications.models import Delivery
 from tests.support.fake_http import ConnectionCounter, WebhookReceiver
@@ -447,3 +448,60 @@ def test_a_destination_recorded_with_credentials_before_is_masked_on_the_page(
     page = html(client_for(users["viewer"]).get(reverse("effect", args=[effect_id])))
     assert "hunter2" not in page and "ops:" not in page
     assert "https://hooks.example.com/…" in page
+
+
+# -- a receiver that answers one byte at a time -------------------------------------------
+
+
+class Dripping:
+    """A receiver that reads the request, then sends its answer's headers a byte every
+    ``every`` seconds, never finishing: each read of the sender gets a byte in time, so
+    only a deadline on the whole attempt stops it."""
+
+    def __init__(self, every: float = 0.05) -> None:
+        self.every = every
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.listener.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.recv(65536)
+                drip = b"HTTP/1.1 200 OK\r\n" + b"X-Slow: " + b"a" * 10_000
+                for byte in drip:
+                    if self.stop.wait(self.every):
+                        break
+                    try:
+                        conn.sendall(bytes([byte]))
+                    except OSError:
+                        break
+
+    def close(self) -> None:
+        self.stop.set()
+        self.listener.close()
+        self.thread.join(5)
+
+
+def test_a_receiver_dripping_its_answer_is_cut_off_at_the_attempts_deadline(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without a deadline on the whole attempt, a receiver that keeps every read just
+    # inside the socket timeout holds the notifier past its claim, and the message goes
+    # out twice. The deadline is shortened here; the drip would last ~8 minutes.
+    monkeypatch.setattr(senders, "ATTEMPT_SECONDS", 0.5)
+    dripping = Dripping()
+    try:
+        announce(agent, hook(dripping.url + "/hook", allow_private=True))
+    finally:
+        dripping.close()
+    [delivery] = Delivery.objects.all()
+    assert delivery.status == "pending" and delivery.last_status is None
+    assert "no complete answer within 0.5s" in delivery.last_error
