@@ -33,4 +33,11 @@ def open_store(target: str, *, clock: Clock | None = None) -> Store:
         from .postgres import PostgresStore
 
         return PostgresStore(target, clock=clock)
+    scheme, sep, _ = target.partition("://")
+    if sep and scheme.replace("+", "").replace(".", "").replace("-", "").isalnum():
+        # "memory://" or "sqlite:///x.db" would otherwise become a file named "memory:".
+        raise ValueError(
+            f"{target!r}: {scheme}:// is not a store; give a SQLite path (ledger.db),"
+            " a postgresql:// DSN or ':memory:'"
+        )
     return SQLiteStore(target, clock=clock)

@@ -559,3 +559,14 @@ def test_short_lived_threads_do_not_leave_a_connection_each(tmp_path):
     oo.close()
     assert db_fds(path) == 0
     assert_recorded_once(path, runs, [-1, *range(200)])
+
+
+@pytest.mark.parametrize("target", ["memory://", "sqlite:///ledger.db", "mysql://u@h/db"])
+def test_a_url_that_names_no_store_is_refused_not_made_a_file(tmp_path, monkeypatch, target):
+    # "memory://" once became a SQLite file named "memory:" in the working directory.
+    from openonce_core.stores import open_store
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="is not a store"):
+        open_store(target)
+    assert list(tmp_path.iterdir()) == []
