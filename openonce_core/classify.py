@@ -294,8 +294,19 @@ def _stripe_error_type(exc: BaseException) -> Any:
 
 # The provider says it has this already: evidence that the call (an earlier attempt of it,
 # or one still running) happened, never "the provider said no" (invariant 8).
-_ALREADY_RAN = "{who}, a request with this key already ran or is running: it may have happened"
-_ALREADY_EXISTS = "{who} says the resource already exists: an earlier attempt may have made it"
+_RAN = "a request with this key already ran or is running"
+_EXISTS = "says the resource already exists"
+_ALREADY_RAN = "{who}, " + _RAN + ": it may have happened"
+_ALREADY_EXISTS = "{who} " + _EXISTS + ": an earlier attempt may have made it"
+
+
+def provider_had_it(why: str) -> bool:
+    """Whether a classification's reason (``explain``'s second half, kept as the call's
+    ``error["why"]``) says the provider reported it has this already. A miss after that
+    is no evidence the call did not happen (reconcile.py sends it to a person)."""
+    return _RAN in why or _EXISTS in why
+
+
 # Read no more of an error body than this when looking for "already exists".
 _MAX_BODY = 64 * 1024
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .canonical import check_json
+from .classify import provider_had_it
 from .clock import Clock
 from .errors import InvalidArgumentsError, ProbeCredentialError, ProbeError, ProbeTransientError
 from .failures import message_text, safe_text
@@ -609,6 +610,16 @@ class Reconciler:
                 return
             report.committed.append(effect.id)
             return
+        said = _provider_had_it(effect)
+        if said:
+            # GitHub's 422 "already exists" for an old PR of the head, Stripe's
+            # idempotency_error: re-arming sends the call back to the same answer, for ever.
+            self._escalate(
+                effect, report,
+                f"a miss is not evidence here: when the call ran, {said}; whether this"
+                " effect made it is a person's call", guidance, observations,
+            )  # fmt: skip
+            return
         if not self.matrix.can_auto_rearm(effect.tool, self._pins.get(effect.tool)):
             self._escalate(
                 effect, report,
@@ -880,6 +891,14 @@ def _inconclusive(
     if transient:
         observed["transient"] = True
     return ProbeResult(ProbeOutcome.INCONCLUSIVE, detail=detail, observed=observed)
+
+
+def _provider_had_it(effect: Effect) -> str:
+    """The reason the attempt was parked UNKNOWN, when it says the provider reported it has
+    this already (classify.provider_had_it); empty otherwise."""
+    error = (effect.execution_evidence or {}).get("error")
+    why = error.get("why") if isinstance(error, dict) else None
+    return why if isinstance(why, str) and provider_had_it(why) else ""
 
 
 def _maturing(results: list[ProbeResult]) -> float | None:

@@ -38,7 +38,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from openonce_core.errors import ProbeTransientError
-from openonce_core.probers._http import RateLimiter, set_limiter_factory
+from openonce_core.probers._http import MAX_PAUSE, RateLimiter, set_limiter_factory
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +191,7 @@ class RedisRateLimiter:
     def pause(self, seconds: float, reason: str) -> None:
         if not seconds > 0:
             return
+        seconds = min(seconds, MAX_PAUSE)  # inf or a year would hold every worker a day
         self._local.pause(seconds, reason)
         self._run("pause", seconds, reason, KEY_TTL)
 
@@ -199,7 +200,7 @@ class RedisRateLimiter:
         return max(self._local.paused_for(), float(_text(shared)) if shared is not None else 0)
 
     def backoff(self, first: float, cap: float, reason: str) -> float:
-        answer = self._run("backoff", first, cap, reason, KEY_TTL)
+        answer = self._run("backoff", first, min(cap, MAX_PAUSE), reason, KEY_TTL)
         if answer is None:
             return self._local.backoff(first, cap, reason)
         wait = float(_text(answer))

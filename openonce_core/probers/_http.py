@@ -37,6 +37,11 @@ from typing import Any, Protocol
 from ..errors import ProbeCredentialError, ProbeError, ProbeTransientError
 
 USER_AGENT = "openonce-prober"
+# The longest a provider may hold its probes. GitHub's rate window is an hour, so no reset
+# is further ahead; anything longer (a reset sent in milliseconds, a gateway's year-long
+# Retry-After) would leave every probe "not asked", with no journal line and no person,
+# for as long as it says: ask again after an hour and let the provider say so again.
+MAX_PAUSE = 3600.0
 
 
 class Limiter(Protocol):
@@ -52,7 +57,8 @@ class Limiter(Protocol):
         ...
 
     def pause(self, seconds: float, reason: str) -> None:
-        """Hold every request for ``seconds`` (a longer pause already set stays)."""
+        """Hold every request for ``seconds``, at most ``MAX_PAUSE`` (a longer pause
+        already set stays)."""
         ...
 
     def paused_for(self) -> float:
@@ -135,9 +141,11 @@ class RateLimiter:
         return wait
 
     def pause(self, seconds: float, reason: str) -> None:
-        """The provider asked us to stop for ``seconds``: every probe of it waits."""
+        """The provider asked us to stop for ``seconds`` (at most ``MAX_PAUSE``): every
+        probe of it waits."""
         if not seconds > 0:
             return
+        seconds = min(seconds, MAX_PAUSE)
         with self._lock:
             until = self._clock() + seconds
             if until > self._paused_until:
@@ -151,7 +159,7 @@ class RateLimiter:
     def backoff(self, first: float, cap: float, reason: str) -> float:
         with self._lock:
             now = self._clock()
-            wait = next_backoff(self._backoff, self._backoff_end, now, first, cap)
+            wait = next_backoff(self._backoff, self._backoff_end, now, first, min(cap, MAX_PAUSE))
             self._backoff, self._backoff_end = wait, now + wait
             if now + wait > self._paused_until:
                 self._paused_until = now + wait

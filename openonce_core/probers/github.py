@@ -144,6 +144,10 @@ class GitHubPullRequestProber:
         sha_arg: str = "head_sha",
         created_skew: float = CREATED_SKEW,
     ) -> None:
+        # NaN or inf would make every PR of the head "not older than the effect": last
+        # week's closed PR would commit a new effect.
+        if not (math.isfinite(created_skew) and created_skew >= 0):
+            raise ValueError(f"created_skew must be a number of seconds >= 0, not {created_skew!r}")
         self.client = client
         self.sha_arg = sha_arg
         self.created_skew = created_skew
