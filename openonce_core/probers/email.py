@@ -300,6 +300,27 @@ class EmailMessageIdProber:
         return dataclasses.replace(found, detail=f"receipt {expected}: {found.detail}")
 
 
+def _login(conn: imaplib.IMAP4, host: str, username: str, password: str) -> None:
+    """LOGIN, its failures as the reconciler reads them: busy or dropped is transient, a
+    refusal of the credentials is not."""
+    try:
+        conn.login(username, password)
+    except imaplib.IMAP4.abort as exc:  # the server hung up, perhaps with a BYE
+        text = _text(exc)
+        if _busy(text):
+            raise _busy_error(f"{host} is busy, it turned the login away: {text}") from exc
+        raise ProbeTransientError(PROVIDER, f"login to {host} dropped: {exc}") from exc
+    except imaplib.IMAP4.error as exc:
+        text = _text(exc)
+        if _busy(text):
+            raise _busy_error(f"{host} is busy, it turned the login away: {text}") from exc
+        raise ProbeCredentialError(
+            PROVIDER, f"{host} refused the login for {username!r}: {text}"
+        ) from exc
+    except OSError as exc:
+        raise _connect_error(exc, f"logging in to {host}") from exc
+
+
 class ImapSentFolder:
     """:class:`SentMailClient` over IMAP, standard library only, read-only (EXAMINE).
 
@@ -367,23 +388,13 @@ class ImapSentFolder:
             except (OSError, imaplib.IMAP4.error) as exc:
                 raise _connect_error(exc, f"connecting to {host}:{port}") from exc
             try:
-                conn.login(username, password)
-            except imaplib.IMAP4.abort as exc:  # the server hung up, perhaps with a BYE
-                text = _text(exc)
-                if _busy(text):
-                    raise _busy_error(f"{host} is busy, it turned the login away: {text}") from exc
-                raise ProbeTransientError(PROVIDER, f"login to {host} dropped: {exc}") from exc
-            except imaplib.IMAP4.error as exc:
+                _login(conn, host, username, password)
+            except BaseException:
+                # Refused, dropped or timed out: close it now. A socket left to the garbage
+                # collector still counts against the server's connections per user.
                 with contextlib.suppress(Exception):
                     conn.shutdown()
-                text = _text(exc)
-                if _busy(text):
-                    raise _busy_error(f"{host} is busy, it turned the login away: {text}") from exc
-                raise ProbeCredentialError(
-                    PROVIDER, f"{host} refused the login for {username!r}: {text}"
-                ) from exc
-            except OSError as exc:
-                raise _connect_error(exc, f"logging in to {host}") from exc
+                raise
             return conn
 
         return cls(

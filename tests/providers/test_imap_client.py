@@ -5,6 +5,7 @@ sent folder by SPECIAL-USE, and tells a refused login from a dropped connection.
 
 from __future__ import annotations
 
+import imaplib
 import threading
 import time
 from collections.abc import Iterator
@@ -13,8 +14,9 @@ from typing import Any
 
 import pytest
 
+import openonce_core.probers.email as email_module
 from openonce_core import EffectState
-from openonce_core.errors import ProbeCredentialError, ProbeTransientError
+from openonce_core.errors import ProbeCredentialError, ProbeError, ProbeTransientError
 from openonce_core.probe import ProbeOutcome
 from openonce_core.probers import EmailMessageIdProber, ImapSentFolder, message_id_for
 from openonce_core.records import Effect
@@ -283,3 +285,42 @@ def test_a_server_too_busy_to_greet_is_transient(imap, pki):
     with pytest.raises(ProbeTransientError, match="busy") as info:
         prober(imap, pki).probe(email_effect())
     assert info.value.retry_after is not None and imap.logins == 0
+
+
+class _StuckLogin:
+    """An IMAP4_SSL whose LOGIN fails as ``raises`` does, recording whether the client
+    shut the connection afterwards."""
+
+    instances: list[_StuckLogin] = []
+
+    def __init__(self, raises: BaseException) -> None:
+        self.raises = raises
+        self.shut = False
+        _StuckLogin.instances.append(self)
+
+    def login(self, user: str, password: str) -> None:
+        raise self.raises
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+
+@pytest.mark.parametrize(
+    "raises",
+    [
+        TimeoutError("The read operation timed out"),
+        imaplib.IMAP4.abort("socket error: EOF"),
+        imaplib.IMAP4.error("[UNAVAILABLE] try again later"),
+        imaplib.IMAP4.error("[AUTHENTICATIONFAILED] Invalid credentials"),
+    ],
+    ids=["timeout", "dropped", "busy", "refused"],
+)
+def test_a_failed_login_leaves_no_connection_open(monkeypatch, raises):
+    # A socket left to the garbage collector still counts against the server's
+    # connections-per-user limit (Dovecot's mail_max_userip_connections).
+    _StuckLogin.instances.clear()
+    monkeypatch.setattr(email_module.imaplib, "IMAP4_SSL", lambda *a, **k: _StuckLogin(raises))
+    store = email_module.ImapSentFolder.over_ssl("imap.example.com", "u", "p")
+    with pytest.raises(ProbeError):
+        store.find_sent("<x@example.com>")
+    assert [c.shut for c in _StuckLogin.instances] == [True]
