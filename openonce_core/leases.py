@@ -364,13 +364,16 @@ class LeaseKeeper:
         # would give the keeper less time than it takes to renew. And a judge sees a
         # renewal only as a changed end, so an end held back still moves a little.
         until = max(self.clock.now() + held.lease_seconds, held.until + 0.001)
+        # The next renewal counts from this one's start, read with its end: read after the
+        # write, time that passed during it (a slow disk, or a test's clock moved once it saw
+        # the new end) would push the next renewal a whole interval past its due time.
+        mono = self._monotonic()
         try:
             ok = self.ledger.renew_lease(effect_id, held.fence, held.owner, until)
         except Exception:
             # The ledger is unreachable: try again soon; the lease still has two thirds left.
             held.renew_at = self._monotonic() + min(5.0, held.lease_seconds / 10)
             return False
-        mono = self._monotonic()
         if ok:
             held.until = until
             held.renew_at = mono + renew_interval(held.lease_seconds)
