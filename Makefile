@@ -43,6 +43,15 @@ demo: venv
 	  echo "The deployment tests need Debian's Caddy: sudo apt-get install caddy"; exit 1; \
 	fi
 
+# The pgbouncer tests (tests/core/test_pgbouncer.py) start Debian's pgbouncer, in
+# transaction pool mode, in front of the test Postgres; they never use the system service.
+/usr/sbin/pgbouncer:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer; \
+	else \
+	  echo "The pgbouncer tests need Debian's pgbouncer: sudo apt-get install pgbouncer"; exit 1; \
+	fi
+
 $(AXE):
 	@command -v npm >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; \
@@ -50,7 +59,7 @@ $(AXE):
 	npm install --silent --no-save --no-package-lock --no-audit --no-fund \
 	  --prefix $(VENV)/axe axe-core@$(AXE_VERSION)
 
-test: venv /usr/bin/chromium /usr/bin/caddy $(AXE)
+test: venv /usr/bin/chromium /usr/bin/caddy /usr/sbin/pgbouncer $(AXE)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	OPENONCE_TEST_PG=$(PG_TEST_DSN) OPENONCE_DATABASE=$(PG_TEST_DSN) $(PY) -m pytest -q

@@ -17,7 +17,12 @@ maintenance and the same fsyncs. Durability is the store's: SQLite in WAL with
 Each round runs ours and raw back to back, alternating which goes first; a side's result
 is its best round. Usage::
 
-    python bench/ledger.py [--sqlite-only] [--pg-dsn DSN] [--json] [--rounds N]
+    python bench/ledger.py [--sqlite-only] [--pg-dsn DSN] [--json] [--rounds N] [--no-prepare]
+
+By default the store decides (``PostgresStore(prepare=None)``: server-side prepared
+statements on a direct TCP connection, as here); ``--no-prepare`` measures it as behind
+pgbouncer, preparing nothing. The raw client keeps psycopg's default (it prepares a
+statement on its fifth run).
 
 The Postgres DSN defaults to ``$OPENONCE_BENCH_PG`` (``make bench`` sets it); the script
 creates a schema of its own there and drops it at the end.
@@ -394,17 +399,19 @@ def pg_schema(dsn: str) -> Iterator[str]:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
-def open_pg(dsn: str, *, migrate: bool = False) -> OpenOnce:
+def open_pg(dsn: str, *, migrate: bool = False, prepare: bool | None = None) -> OpenOnce:
     from openonce_core.stores.postgres import PostgresStore
 
-    return OpenOnce(PostgresStore(dsn), migrate=migrate)
+    return OpenOnce(PostgresStore(dsn, prepare=prepare), migrate=migrate)
 
 
-def bench_postgres(base_dsn: str, rounds: int, settings: dict[str, Any]) -> list[Line]:
+def bench_postgres(
+    base_dsn: str, rounds: int, settings: dict[str, Any], prepare: bool | None = None
+) -> list[Line]:
     import psycopg
 
     with pg_schema(base_dsn) as dsn:
-        oo = open_pg(dsn, migrate=True)
+        oo = open_pg(dsn, migrate=True, prepare=prepare)
         raw = psycopg.connect(dsn, autocommit=True)
         try:
             for stmt in raw_table_ddl("postgres"):
@@ -438,7 +445,7 @@ def bench_postgres(base_dsn: str, rounds: int, settings: dict[str, Any]) -> list
         finally:
             oo.close()
             raw.close()
-        lines.append(bench_pg_group(dsn, rounds, keys))
+        lines.append(bench_pg_group(dsn, rounds, keys, prepare))
         return lines
 
 
@@ -490,13 +497,13 @@ def pg_costs(
     )
 
 
-def bench_pg_group(dsn: str, rounds: int, keys: Keys) -> Line:
+def bench_pg_group(dsn: str, rounds: int, keys: Keys, prepare: bool | None = None) -> Line:
     procs, each = SIZES["postgres"]["group_procs"], SIZES["postgres"]["group_each"]
     line = Line("postgres", f"new effects, {procs} processes", f"{procs}x{each}", BUDGET_GROUP)
     for r in range(rounds):
         for side in sides(r):
             blocks = [keys.take(WARMUP + each) for _ in range(procs)]
-            rate = run_group(side, dsn, blocks)
+            rate = run_group(side, dsn, blocks, prepare)
             (line.ours_rounds if side == "ours" else line.raw_rounds).append(rate)
         say(
             f"  postgres {procs} processes round {r + 1}/{rounds}:"
@@ -505,14 +512,16 @@ def bench_pg_group(dsn: str, rounds: int, keys: Keys) -> Line:
     return line
 
 
-def run_group(side: str, dsn: str, blocks: list[range]) -> float:
+def run_group(side: str, dsn: str, blocks: list[range], prepare: bool | None = None) -> float:
     """Start one process per block, let them all warm up, then release them together.
     Throughput is all their calls over the span from the first start to the last finish."""
     ctx = mp.get_context("spawn")
     messages: Any = ctx.Queue()
     go = ctx.Event()
     workers = [
-        ctx.Process(target=group_worker, args=(side, dsn, block, messages, go), daemon=True)
+        ctx.Process(
+            target=group_worker, args=(side, dsn, block, messages, go, prepare), daemon=True
+        )
         for block in blocks
     ]
     for w in workers:
@@ -542,12 +551,14 @@ def run_group(side: str, dsn: str, blocks: list[range]) -> float:
     return total / span
 
 
-def group_worker(side: str, dsn: str, block: range, messages: Any, go: Any) -> None:
+def group_worker(
+    side: str, dsn: str, block: range, messages: Any, go: Any, prepare: bool | None = None
+) -> None:
     """One process of the group: warm up on the first keys of its block, then time the rest."""
     try:
         warm, timed_keys = block[:WARMUP], block[WARMUP:]
         if side == "ours":
-            oo = open_pg(dsn)
+            oo = open_pg(dsn, prepare=prepare)
             handler = Handler()
             send = make_effect(oo, handler)
 
@@ -619,7 +630,9 @@ def render(lines: list[Line], settings: dict[str, Any], rounds: int, notes: list
         p = settings["postgres"]
         out.append(
             f"postgres {p['server_version']}: synchronous_commit={p['synchronous_commit']},"
-            f" fsync={p['fsync']}, wal_sync_method={p['wal_sync_method']}"
+            f" fsync={p['fsync']}, wal_sync_method={p['wal_sync_method']};"
+            " store prepares: "
+            + ("no (--no-prepare)" if settings["prepare"] is False else "when direct")
         )
     out.append("")
     header = (
@@ -659,11 +672,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per measure (best wins)")
+    parser.add_argument(
+        "--no-prepare",
+        dest="prepare",
+        action="store_const",
+        const=False,
+        default=None,
+        help="no server-side prepared statements on Postgres (as behind pgbouncer)",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
 
-    settings: dict[str, Any] = {"revision": code_revision(), "costs": []}
+    settings: dict[str, Any] = {
+        "revision": code_revision(),
+        "costs": [],
+        "prepare": args.prepare,
+    }
     notes: list[str] = []
     started = time.monotonic()
     say("sqlite ...")
@@ -674,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
         notes.append("Postgres skipped: pass --pg-dsn or set OPENONCE_BENCH_PG")
     else:
         say("postgres ...")
-        lines += bench_postgres(args.pg_dsn, args.rounds, settings)
+        lines += bench_postgres(args.pg_dsn, args.rounds, settings, args.prepare)
     elapsed = time.monotonic() - started
 
     if args.json:

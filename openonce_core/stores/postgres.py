@@ -18,6 +18,20 @@ UNLOGGED table ``openonce_waiters`` (no WAL, no fsync: not a durable write); a c
 effect with a registered waiter sends ``pg_notify`` in the same statement, delivered at
 commit. Effects nobody waits on pay one index probe of an empty table.
 
+Behind a transaction pooler (pgbouncer's ``pool_mode = transaction``) a client's
+statements run on whichever server connection is free, so nothing may stay on a server
+session between statements. Hence no server-side prepared statements there: psycopg would
+prepare a query it has run five times, and the next run finds it missing on another server
+connection. By default (``prepare=None``) each new connection asks the server which client
+port it sees and prepares only when that is its own socket's TCP port (nothing between);
+a Unix socket cannot tell, so it does not. ``prepare=True`` or ``False`` decides for every
+connection. And no LISTEN
+where the listener's session is not its own: before listening, the listener compares the
+client port the server sees with its own socket's; when they differ (a pooler or a proxy
+stands between), it does not LISTEN and waiters re-read the effect instead (the call path
+re-reads every 0.25 s anyway). A LISTEN through pgbouncer would stay on a server connection
+that other clients are then lent, and they would collect the notifications.
+
 Leases and every other time the core writes come from the database's own clock
 (:class:`~openonce_core.clock.DatabaseClock`), so hosts with skewed clocks agree.
 """
@@ -27,6 +41,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import os
+import socket
 import threading
 import time
 import uuid
@@ -75,10 +91,12 @@ class ConnectionPool:
         timeout: float = 30.0,
         max_idle: float = 300.0,
         connect: Callable[[], psycopg.Connection[Any]] | None = None,
+        prepare: bool | None = None,
     ) -> None:
         if max_size < 1:
             raise ValueError("max_size must be at least 1")
         self.conninfo = conninfo
+        self.prepare = prepare
         self.max_size = max_size
         self.timeout = timeout
         self.max_idle = max_idle
@@ -100,16 +118,29 @@ class ConnectionPool:
         self._waiting = 0  # threads waiting for one (changed under the condition)
 
     def _default_connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(
+        conn = psycopg.connect(
             self.conninfo,
             autocommit=True,
             connect_timeout=10,
+            prepare_threshold=None,  # psycopg prepares nothing until we know it may
             # A half-open connection (a server that vanished) is noticed within a minute.
             keepalives=1,
             keepalives_idle=30,
             keepalives_interval=10,
             keepalives_count=3,
         )
+        prepare = self.prepare
+        if prepare is None:
+            # Not told: prepare only on a TCP session that is provably our own (no pooler
+            # between); a Unix socket cannot tell, so it does not prepare.
+            try:
+                prepare = _session_is_own(conn, tcp_only=True)
+            except BaseException:
+                _close_quietly(conn)
+                raise
+        if prepare:
+            conn.prepare_threshold = 5  # psycopg's default: prepare on the 5th run
+        return conn
 
     def get(self) -> tuple[psycopg.Connection[Any], Any]:
         while True:
@@ -224,6 +255,27 @@ def _close_quietly(conn: psycopg.Connection[Any]) -> None:
         conn.close()
 
 
+def _session_is_own(conn: psycopg.Connection[Any], *, tcp_only: bool = False) -> bool:
+    """Whether the server session behind ``conn`` is ours alone: the client port the
+    server sees is our socket's own (both none over a Unix socket). A pooler or proxy in
+    between connects from its own port. A NAT that rewrites ports also reads as "not
+    ours", which only costs waiters a re-read; pgbouncer reached and reaching Postgres
+    both over Unix sockets is not detected."""
+    row = conn.execute("SELECT inet_client_port()").fetchone()
+    server_sees = row[0] if row else None
+    try:
+        # A duplicate of the descriptor (closing it leaves psycopg's open); the socket's
+        # family (IPv4, IPv6, Unix) is read from the descriptor itself.
+        with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+            address = sock.getsockname()
+    except OSError:
+        return False  # cannot tell: re-reading is always correct
+    ours = address[1] if isinstance(address, tuple) else None
+    if tcp_only and ours is None:
+        return False
+    return bool(server_sees == ours)
+
+
 def _is_disconnect(exc: BaseException) -> bool:
     """The connection is gone (not a constraint or syntax error): worth one fresh try."""
     return isinstance(exc, psycopg.OperationalError) and not isinstance(exc, PoolTimeout)
@@ -242,9 +294,15 @@ class PostgresStore(sql.SQLStore):
         clock: Clock | None = None,
         # Accepted for compatibility; connections are always lent per statement.
         min_size: int | None = None,
+        # Server-side prepared statements save the server a parse and plan per statement
+        # but break behind a transaction pooler (see the module's docstring). None: only
+        # where each connection is found to be direct (TCP, the server sees our own port).
+        prepare: bool | None = None,
     ) -> None:
         self.dsn = dsn
-        self.pool = ConnectionPool(dsn, max_size=max_size, timeout=timeout, max_idle=max_idle)
+        self.pool = ConnectionPool(
+            dsn, max_size=max_size, timeout=timeout, max_idle=max_idle, prepare=prepare
+        )
         self.clock = clock or DatabaseClock(self._database_time)
         self._update_sql: dict[tuple[Any, ...], str] = {}
         self._reset_process_state()
@@ -257,6 +315,9 @@ class PostgresStore(sql.SQLStore):
         self._listener_ready = threading.Event()
         self._listener_lock = threading.Lock()
         self._listener_stop = threading.Event()  # the running listener's; set by close()
+        # Whether duplicates are woken by NOTIFY: None until the listener first connects,
+        # False for good once it found its session is not its own (a pooler between).
+        self.listening: bool | None = None
         self._token = uuid.uuid4().hex[:16]  # names this process's waiter registrations
 
     def after_fork(self) -> None:
@@ -359,7 +420,7 @@ class PostgresStore(sql.SQLStore):
         return "tool LIKE ? ESCAPE '\\'", [pattern + "%"]
 
     def migrate(self) -> int:
-        conn = psycopg.connect(self.dsn)
+        conn = psycopg.connect(self.dsn, prepare_threshold=None)
         try:
             with conn.transaction(), conn.cursor() as cur:
                 # Two processes migrating at once take turns instead of racing on CREATE.
@@ -521,6 +582,9 @@ class PostgresStore(sql.SQLStore):
 
     def watch(self, effect_id: str) -> Watch:
         self._ensure_listener()
+        if not self.listening:
+            # Nobody would hear a NOTIFY: re-read instead, as often as the call path does.
+            return Watch(self.board, effect_id, self.clock, poll=0.25)
         token = f"{self._token}-{uuid.uuid4().hex[:8]}"
         self._with_cursor(
             lambda cur: cur.execute(
@@ -543,6 +607,8 @@ class PostgresStore(sql.SQLStore):
         return Watch(self.board, effect_id, self.clock, poll=1.0, on_close=unregister)
 
     def _ensure_listener(self) -> None:
+        if self.listening is False:
+            return
         with self._listener_lock:
             if (
                 self._listener is None
@@ -561,8 +627,16 @@ class PostgresStore(sql.SQLStore):
     def _listen(self, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
-                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
+                with psycopg.connect(
+                    self.dsn, autocommit=True, connect_timeout=10, prepare_threshold=None
+                ) as conn:
                     self._listener_conn = conn
+                    if self.listening is None:
+                        self.listening = _session_is_own(conn)
+                    if not self.listening:
+                        self._listener_conn = None
+                        self._listener_ready.set()
+                        return
                     conn.execute(f"LISTEN {CHANNEL}")
                     self._listener_ready.set()
                     while not stop.is_set():

@@ -136,6 +136,14 @@ def ledger_database(default: str | None) -> tuple[str, dict[str, object]]:
 
 
 OPENONCE_DATABASE, _ledger = ledger_database("openonce.db")
+if _ledger["ENGINE"] == "django.db.backends.postgresql":
+    # Nothing may outlive a statement on the server session, so that the console works
+    # behind pgbouncer in transaction mode: no server-side cursors (.iterator() would
+    # DECLARE one WITH HOLD) and no prepared statements (Django's default with psycopg 3,
+    # stated here so that it stays so). Harmless on a direct connection: the console
+    # iterates over one effect's journal, which a client-side cursor reads in one go.
+    _ledger["DISABLE_SERVER_SIDE_CURSORS"] = True
+    _ledger["OPTIONS"] = {**_ledger["OPTIONS"], "prepare_threshold": None}  # type: ignore
 DATABASES = {"default": _ledger}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
