@@ -52,6 +52,14 @@ demo: venv
 	  echo "The pgbouncer tests need Debian's pgbouncer: sudo apt-get install pgbouncer"; exit 1; \
 	fi
 
+# The alert rules' unit tests (tests/deploy/test_ops_defaults_alerts.py) run Debian's promtool.
+/usr/bin/promtool:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; \
+	else \
+	  echo "The alert rule tests need Debian's promtool: sudo apt-get install prometheus"; exit 1; \
+	fi
+
 $(AXE):
 	@command -v npm >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; \
@@ -59,7 +67,7 @@ $(AXE):
 	npm install --silent --no-save --no-package-lock --no-audit --no-fund \
 	  --prefix $(VENV)/axe axe-core@$(AXE_VERSION)
 
-test: venv /usr/bin/chromium /usr/bin/caddy /usr/sbin/pgbouncer $(AXE)
+test: venv /usr/bin/chromium /usr/bin/caddy /usr/sbin/pgbouncer /usr/bin/promtool $(AXE)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	OPENONCE_TEST_PG=$(PG_TEST_DSN) OPENONCE_DATABASE=$(PG_TEST_DSN) $(PY) -m pytest -q

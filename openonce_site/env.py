@@ -20,6 +20,36 @@ def env_str(name: str, default: str | object = _MISSING) -> str:
     return value
 
 
+def env_secret(name: str, default: str | object = _MISSING) -> str:
+    """``name``, or the contents of the file ``name_FILE`` names (a Docker or Kubernetes
+    secret such as ``/run/secrets/openonce_secret_key``), without its trailing newline.
+
+    Both set is refused rather than one silently winning: an operator moving a secret
+    into a file would otherwise keep running on the old value. An unreadable, empty or
+    multi-line file stops start-up too (a half-written secret, or the wrong file). The
+    messages name the variables, never the value."""
+    path = os.environ.get(f"{name}_FILE", "")
+    if not path:
+        return env_str(name, default)
+    if os.environ.get(name, ""):
+        raise ImproperlyConfigured(f"set {name} or {name}_FILE, not both")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise ImproperlyConfigured(
+            f"{name}_FILE={path!r} cannot be read: {exc.strerror or exc}"
+        ) from None
+    except UnicodeDecodeError:
+        raise ImproperlyConfigured(f"{name}_FILE={path!r} is not UTF-8 text") from None
+    value = text.removesuffix("\n").removesuffix("\r")  # what echo or an editor adds
+    if not value.strip():
+        raise ImproperlyConfigured(f"{name}_FILE={path!r} is empty")
+    if "\n" in value or "\r" in value:
+        raise ImproperlyConfigured(f"{name}_FILE={path!r} holds more than one line")
+    return value
+
+
 def env_bool(name: str, default: bool) -> bool:
     value = os.environ.get(name)
     if value is None or value == "":
@@ -119,26 +149,11 @@ def database_from_parts() -> dict[str, object] | None:
         "ENGINE": "django.db.backends.postgresql",
         "NAME": name,
         "USER": os.environ.get("OPENONCE_DB_USER", ""),
-        "PASSWORD": _password(),
+        "PASSWORD": env_secret("OPENONCE_DB_PASSWORD", ""),
         "HOST": os.environ.get("OPENONCE_DB_HOST", ""),
         "PORT": str(port),
         "OPTIONS": _pg_options(),
     }
-
-
-def _password() -> str:
-    """OPENONCE_DB_PASSWORD, or the first line of the file OPENONCE_DB_PASSWORD_FILE
-    names (a Docker secret)."""
-    path = os.environ.get("OPENONCE_DB_PASSWORD_FILE", "")
-    if path:
-        try:
-            with open(path, encoding="utf-8") as handle:
-                return handle.readline().rstrip("\r\n")
-        except OSError as exc:
-            raise ImproperlyConfigured(
-                f"OPENONCE_DB_PASSWORD_FILE={path!r} cannot be read: {exc.strerror}"
-            ) from None
-    return os.environ.get("OPENONCE_DB_PASSWORD", "")
 
 
 def database_from_url(url: str, base_dir: os.PathLike[str] | str) -> dict[str, object]:

@@ -17,6 +17,11 @@ Where TLS ends is the operator's statement, ``OPENONCE_TLS``:
   would answer it), no HSTS, cookies without ``Secure``; ``check --deploy`` reports
   exactly those.
 
+Secrets can come from files (Docker or Kubernetes secrets): ``OPENONCE_SECRET_KEY_FILE``,
+``OPENONCE_SECRET_PEPPER_FILE``, ``OPENONCE_DB_PASSWORD_FILE``, ``OPENONCE_CACHE_URL_FILE``
+name a file holding the value (``openonce_site.env.env_secret``); setting both forms of one
+is refused.
+
 ``manage.py check --deploy --settings=openonce_site.settings.production`` is clean with
 ``direct`` or ``proxy``.
 """
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
 
-from openonce_site.env import env_choice, env_int, env_str
+from openonce_site.env import env_choice, env_int, env_secret, env_str
 
 from .base import *  # noqa: F403
 from .base import (
@@ -39,7 +44,8 @@ from .base import (
 
 if len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5 or SECRET_KEY.startswith("django-insecure"):
     raise ImproperlyConfigured(
-        "OPENONCE_SECRET_KEY must be set to a long random value in production"
+        "OPENONCE_SECRET_KEY must be set to a long random value in production, or"
+        " OPENONCE_SECRET_KEY_FILE to a file holding one"
         ' (python -c "import secrets; print(secrets.token_urlsafe(64))")'
     )
 DEBUG = False  # not read from the environment: nothing here can turn the debug page on
@@ -50,8 +56,9 @@ OPENONCE_DATABASE, _ledger = ledger_database(None)
 DATABASES = {"default": _ledger}
 
 # Sign-in throttling must count across every gunicorn worker: Redis (the broker's, under
-# its own key prefix, unless OPENONCE_CACHE_URL names another).
-OPENONCE_CACHE_URL = env_str("OPENONCE_CACHE_URL", CELERY_BROKER_URL)
+# its own key prefix, unless OPENONCE_CACHE_URL names another). The URL may hold Redis's
+# password, so it can come from a file (OPENONCE_CACHE_URL_FILE) like the other secrets.
+OPENONCE_CACHE_URL = env_secret("OPENONCE_CACHE_URL", CELERY_BROKER_URL)
 CACHES = {"default": cache_from_url(OPENONCE_CACHE_URL)}
 
 STATIC_ROOT = state_path(

@@ -50,6 +50,7 @@ from openonce_core import (
 )
 from openonce_core.stores.postgres import PostgresStore
 from tests.support.browser import launch, screenshot, sign_in_with
+from tests.support.caddy import caddy_version, for_caddy
 from tests.support.daemon import create_database, drop_database, pick_redis_db
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -293,9 +294,12 @@ def running(stack: Stack) -> Stack:
     )
     proxy_command = services["proxy"]["command"]
     assert "./deploy/Caddyfile:/etc/caddy/Caddyfile:ro" in services["proxy"]["volumes"]
+    # Debian's Caddy (2.6.2) spells the buffering directives its own way.
+    caddyfile = stack.tmp / "Caddyfile"
+    caddyfile.write_text(for_caddy((ROOT / "deploy" / "Caddyfile").read_text(), caddy_version()))
     proxy = stack.start(
         "proxy",
-        [CADDY, *replace_arg(proxy_command, "--config", str(ROOT / "deploy" / "Caddyfile"))[1:]],
+        [CADDY, *replace_arg(proxy_command, "--config", str(caddyfile))[1:]],
         OPENONCE_SITE_ADDRESS=f"localhost:{stack.https_port}",
         OPENONCE_HTTPS_PORT=str(stack.https_port),
         OPENONCE_HTTP_PORT=str(stack.http_port),
