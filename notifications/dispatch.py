@@ -8,6 +8,11 @@ Journal sequence numbers are handed out when a line is inserted, but transaction
 in their own order: line 11 can be visible while line 10 is still being committed. The
 cursor therefore stops before a gap until the line after it is SETTLE_SECONDS old; a gap
 still there by then is a number a rolled-back transaction used, and is passed over.
+
+Every query a tick runs is answered by an index range of what is new or due, never by a
+walk through history: the journal by ``seq`` (openonce_journal_seq on Postgres, the rowid
+on SQLite), a message's line by the journal's key (effect_id, seq), the effects by their
+key, the due deliveries by ``delivery_due``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Max
 from django.urls import reverse
 
 from console.models import Effect, JournalEntry
@@ -52,9 +58,13 @@ def tick(now: float | None = None) -> TickReport:
 def scan(now: float | None = None, limit: int = SCAN_LIMIT) -> tuple[int, int]:
     """Read new journal lines; owe a delivery for each entry into a waiting state that a
     channel wants. Returns (lines read, deliveries owed). Two scans at once take turns
-    on the cursor row; the unique (journal line, channel) makes a repeat harmless."""
+    on the cursor row; the unique (journal line, channel) makes a repeat harmless. With
+    no channel configured it reads no lines: it moves the cursor to the newest."""
     now = time.time() if now is None else now
     wanted = config.channels()
+    if not wanted:
+        _skip_to_newest()
+        return 0, 0
     with transaction.atomic():
         cursor = _cursor()
         lines = list(
@@ -102,14 +112,33 @@ def scan(now: float | None = None, limit: int = SCAN_LIMIT) -> tuple[int, int]:
 def _cursor() -> JournalCursor:
     cursor = JournalCursor.objects.select_for_update().filter(name=CURSOR).first()
     if cursor is None:
-        # First run: notify from now on, not for the ledger's whole history. -1 on an
-        # empty journal: the first line read, whatever its number, is the start.
-        newest = JournalEntry.objects.order_by("-seq").values_list("seq", flat=True).first()
-        cursor, _ = JournalCursor.objects.get_or_create(
-            name=CURSOR, defaults={"seq": newest if newest is not None else -1}
-        )
+        # First run: notify from now on, not for the ledger's whole history.
+        JournalCursor.objects.get_or_create(name=CURSOR, defaults={"seq": _newest_seq()})
         cursor = JournalCursor.objects.select_for_update().get(name=CURSOR)
     return cursor
+
+
+def _skip_to_newest() -> None:
+    """No channel wants anything: move the cursor to the newest line without reading the
+    lines in between, so a channel turned on later is told from then on, not flooded
+    with what happened while nobody was listening. Forward only: a tick that read an
+    older newest (it started first) never moves a later tick's cursor back."""
+    with transaction.atomic():
+        newest = _newest_seq()
+        cursor, created = JournalCursor.objects.select_for_update().get_or_create(
+            name=CURSOR, defaults={"seq": newest}
+        )
+        if not created and newest > cursor.seq:
+            cursor.seq = newest
+            cursor.save(update_fields=["seq", "updated_at"])
+
+
+def _newest_seq() -> int:
+    """The newest line's number, one step down openonce_journal_seq (Postgres) or the
+    rowid (SQLite). -1 on an empty journal: the first line read, whatever its number,
+    is the start."""
+    newest = JournalEntry.objects.aggregate(newest=Max("seq"))["newest"]
+    return -1 if newest is None else int(newest)
 
 
 def deliver(now: float | None = None, limit: int = SEND_LIMIT) -> tuple[int, int]:
@@ -131,7 +160,9 @@ def deliver(now: float | None = None, limit: int = SEND_LIMIT) -> tuple[int, int
         ).update(claimed_until=now + CLAIM_SECONDS)
         if claimed != 1:
             continue  # another worker got there first
-        delivery = Delivery.objects.get(id=delivery_id)
+        delivery = Delivery.objects.filter(id=delivery_id).first()
+        if delivery is None:
+            continue  # its effect was archived and its deliveries forgotten since
         channel = by_name.get(delivery.channel)
         if channel is None:
             _give_up(delivery, now, "the channel is no longer configured")
@@ -180,8 +211,9 @@ def _give_up(
 
 def _message(delivery: Delivery) -> senders.Message:
     reason = ""
-    line = JournalEntry.objects.filter(seq=delivery.journal_seq).values_list("reason", "at")
-    found = line.first()
+    # By the journal's key (effect_id, seq): one line, whichever other indexes exist.
+    line = JournalEntry.objects.filter(effect_id=delivery.effect_id, seq=delivery.journal_seq)
+    found = line.values_list("reason", "at").first()
     at = delivery.created_at
     if found is not None:
         reason, at = found
