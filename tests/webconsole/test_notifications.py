@@ -517,6 +517,7 @@ def test_a_worker_started_without_queues_sends_notifications_from_their_own_queu
     """Real processes: the beat's message lands in openonce.notify (not behind the
     batches), and a worker started as compose starts it, without -Q, consumes it."""
     from celery import Celery
+    from django.conf import settings
 
     from openonce_core import ApprovalPending, OpenOnce, require_approval_for
     from tests.support import daemon
@@ -532,8 +533,13 @@ def test_a_worker_started_without_queues_sends_notifications_from_their_own_queu
             OPENONCE_CONSOLE_URL="https://console.test",
         )  # fmt: skip
         daemon.migrate(env)
-        sender = Celery("sender", broker=broker)
-        sender.config_from_object("django.conf:settings", namespace="CELERY")
+        # The project's Celery settings (its routes), but this test's broker: the settings'
+        # CELERY_BROKER_URL would win over the constructor's broker on Celery 5.6.
+        sender = Celery("sender")
+        sender.config_from_object(
+            {k.removeprefix("CELERY_").lower(): getattr(settings, k) for k in dir(settings)
+             if k.startswith("CELERY_")} | {"broker_url": broker}
+        )  # fmt: skip
         redis = daemon.redis_client(redis_db)
 
         def notify() -> None:
