@@ -7,7 +7,7 @@ PG_TEST_DSN ?= postgresql://root@127.0.0.1:5432/test
 AXE_VERSION := 4.10.3
 AXE := $(VENV)/axe/node_modules/axe-core/axe.min.js
 
-.PHONY: venv demo test lint bench bench-gap bench-reconcile bench-daemon bench-console soak clean check-python
+.PHONY: venv demo test lint bench bench-gap bench-reconcile bench-daemon bench-console bench-volume soak clean check-python
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' || { \
@@ -90,6 +90,9 @@ bench-daemon: venv
 
 bench-console: venv
 	OPENONCE_BENCH_PG=$(PG_TEST_DSN) $(PY) bench/console.py
+
+bench-volume: venv
+	OPENONCE_BENCH_PG=$(PG_TEST_DSN) $(PY) bench/volume.py
 
 # The nemesis soak (bench/soak.py, bench/README.md): agents, the reconciler and a person
 # under seeded faults, then the provider's record checked against the ledger. Exit 1 on any
