@@ -60,6 +60,7 @@ class Effect(ReadOnlyModel):
     error_json = models.TextField(null=True)
     created_at = models.FloatField()
     updated_at = models.FloatField()
+    next_probe_at = models.FloatField(null=True)  # schema v5; see openonce_core.due
 
     class Meta:
         managed = False

@@ -19,9 +19,10 @@ from django.db import connection
 from django.db.models import BooleanField, Min, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
+from openonce_core.due import count_overdue_unknown, overdue_unknown
 from openonce_core.providers import TIERS, Capability, readiness_problems
 from openonce_core.states import TERMINAL, EffectState
-from openonce_site.ledger import get_openonce, get_reconciler
+from openonce_site.ledger import get_grace, get_openonce, get_reconciler
 from reconciler.health import Health, reconciler_health
 
 from .context import Fact, Requester, Verdict, amounts, customer, probe_verdict, requester
@@ -33,7 +34,6 @@ S = EffectState
 QUEUE_LIMIT = 100  # rows on the human queue
 COUNT_CAP = 1000  # queue counts stop here and show "1000+"
 LIST_COUNT_CAP = 10_000  # list and search counts stop here and show "10,000+"
-UNKNOWN_SCAN = 1000  # oldest UNKNOWN rows looked at to find those past their grace
 PAGE_SIZE = 50
 JOURNAL_SHOWN = 200  # journal lines on the detail page (exports have every line)
 APPROVALS_LIMIT = 200
@@ -102,10 +102,11 @@ class Queue:
 def human_queue(
     kind: str | None = None, at: float | None = None, since: float | None = None
 ) -> Queue:
-    """Effects waiting for approval, in human review, and UNKNOWN past their grace window,
-    oldest change first, with a count per kind; approved ones waiting for their agent
-    only when asked for. ``since``: rows that changed after it are marked new."""
-    at = time.time() if at is None else at
+    """Effects waiting for approval, in human review, and UNKNOWN due for a probe (past
+    their grace window or backoff), oldest change first, with a count per kind; approved
+    ones waiting for their agent only when asked for. ``since``: rows that changed after it
+    are marked new. ``at``: the ledger's time (``ledger_now``), as the reconciler's."""
+    at = ledger_now() if at is None else at
     streams: list[list[Effect]] = []
     counts: dict[str, Count] = {}
     for state in (*QUEUE_KINDS, *WAITING_KINDS):
@@ -157,26 +158,19 @@ def first_actors(effect_ids: list[str]) -> dict[str, str]:
     return dict(lines.values_list("effect_id", "actor"))
 
 
-def _unknown_past_grace(at: float) -> tuple[list[str], Count]:
-    """Ids of UNKNOWN effects whose grace window is over, oldest first.
+def ledger_now() -> float:
+    """The ledger's clock (the database's on Postgres): what grace windows are read on."""
+    return get_openonce().clock.now()
 
-    Grace differs per tool, so it is applied here to the oldest ``UNKNOWN_SCAN`` rows
-    (openonce_effects_state_updated); the reconciler probes these first anyway.
-    """
-    rows = list(
-        Effect.objects.filter(state=S.UNKNOWN)
-        .order_by("updated_at", "id")
-        .values_list("id", "tool", "updated_at")[:UNKNOWN_SCAN]
-    )
-    reconciler = get_reconciler()
-    grace: dict[str, float] = {}
-    due = []
-    for effect_id, tool, updated_at in rows:
-        if tool not in grace:
-            grace[tool] = reconciler.grace_for(tool)
-        if at >= updated_at + grace[tool]:
-            due.append(effect_id)
-    return due, Count(len(due), capped=len(rows) == UNKNOWN_SCAN)
+
+def _unknown_past_grace(at: float) -> tuple[list[str], Count]:
+    """Ids of the first QUEUE_LIMIT UNKNOWN effects due for a probe, longest overdue
+    first, and how many are due (exact): the reconciler's own rule (``openonce_core.due``),
+    read through the indexes of UNKNOWN rows only."""
+    oo = get_openonce()
+    grace = get_grace()
+    due = overdue_unknown(oo.store, grace, oo.clock, at, QUEUE_LIMIT)
+    return [e.id for e in due], Count(count_overdue_unknown(oo.store, grace, oo.clock, at))
 
 
 def _capped_count(rows: QuerySet[Effect]) -> Count:

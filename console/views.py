@@ -91,7 +91,7 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
     # Rows that changed after the page was first loaded are marked new; the poll carries
     # that moment along in its URL.
     since = _float_param(request, "since")
-    at = time.time()
+    at = selectors.ledger_now()  # the clock grace and backoff are judged on
     found = selectors.human_queue(kind or None, at=at, since=since)
     kinds = (*selectors.QUEUE_KINDS, *selectors.WAITING_KINDS)
     ctx: dict[str, Any] = {

@@ -87,7 +87,8 @@ class Ledger:
     ) -> bool:
         """Move ``effect`` (as the caller read it) to ``to`` — and on to ``then.to`` in the
         same commit. False if someone moved it first. Every move ends any lease or probe
-        claim on the effect unless ``changes`` sets a new one."""
+        claim on the effect, and forgets when to probe it next (``next_probe_at``), unless
+        ``changes`` sets a new one."""
         self._check(effect.id, action, effect.state, to)
         final = to
         if then is not None:
@@ -100,6 +101,7 @@ class Ledger:
             "updated_at": at,
             "lease_owner": None,
             "lease_expires_at": None,
+            "next_probe_at": None,
         }
         if changes:
             all_changes.update(changes)

@@ -45,9 +45,10 @@ from typing import Any
 from .canonical import check_json
 from .classify import provider_had_it
 from .clock import Clock
+from .due import Grace, overdue_unknown, probe_pause, started_due, stopped_calls, unknown_due
 from .errors import InvalidArgumentsError, ProbeCredentialError, ProbeError, ProbeTransientError
 from .failures import message_text, safe_text
-from .leases import HOST, dead_owner, lease_lapsed, stopped_for, wait_over
+from .leases import dead_owner, lease_lapsed, stopped_for, wait_over
 from .ledger import Then
 from .probe import ProbeOutcome, Prober, ProbeResult, attempt_ended_at
 from .providers import Capability, CapabilityMatrix, check_receipt
@@ -159,8 +160,12 @@ class Reconciler:
         self.oo = target if isinstance(target, OpenOnce) else OpenOnce(target, clock=clock)
         self.clock: Clock = clock or self.oo.clock
         self.matrix = CapabilityMatrix(extra=(*self.oo.extra_capabilities, *extra_capabilities))
-        self.grace_seconds = grace_seconds
-        self.grace_overrides = dict(grace_overrides or {})
+        # Pins of tool -> capability for tools that map to several (email.send).
+        self._pins: dict[str, str] = dict(self.oo.provider_capabilities)
+        # The grace windows, with the pins by reference: register() may add one.
+        self.grace = Grace(
+            self.matrix, grace_seconds=grace_seconds, overrides=grace_overrides, pins=self._pins
+        )
         self.require_provider_capability = require_provider_capability
         self.conformance = conformance
         self.require_conformance = require_conformance
@@ -189,8 +194,6 @@ class Reconciler:
         self.actor = owner if ":" in owner else f"reconciler:{owner}"
         self._claimer = f"{self.actor}#{uuid.uuid4().hex[:8]}"
         self._probers: dict[str, list[AnyProber]] = {}
-        # Pins of tool -> capability for tools that map to several (email.send).
-        self._pins: dict[str, str] = dict(self.oo.provider_capabilities)
         self._pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="openonce-probe")
 
     @property
@@ -235,40 +238,18 @@ class Reconciler:
     # -- sweeping -------------------------------------------------------------------------
 
     def due(self, limit: int = 500, at: float | None = None) -> list[Effect]:
-        """Effects a sweep would act on now: expired leases and owners gone from this host,
-        then UNKNOWN past grace. (A lease whose end passed is expired only once this
-        process has seen it un-renewed long enough: ``leases.lease_lapsed``.)"""
+        """Effects a sweep would act on now (``openonce_core.due`` says when one is due):
+        expired leases and owners gone from this host, then UNKNOWN effects whose next
+        probe time has come, except those another reconciler is probing. (A lease whose
+        end passed is expired only once this process has seen it un-renewed long enough:
+        ``leases.lease_lapsed``.)"""
         at = at if at is not None else self.clock.now()
-        found = self.store.expired_leases(at, limit)
-        seen = {e.id for e in found}
-        for effect in self.store.started_by(HOST + ":", limit):
-            if effect.id not in seen and dead_owner(effect.lease_owner):
-                found.append(effect)
+        found = stopped_calls(self.store, at, limit)
         room = limit - len(found)
         if room > 0:
-            found += self._due_unknown(at, room)
-        return found[:limit]
-
-    def _due_unknown(self, at: float, limit: int) -> list[Effect]:
-        """UNKNOWN effects past their own grace (or probe backoff), oldest first.
-
-        Grace differs per tool, so the oldest rows may still be waiting while younger
-        rows of a tool without grace are due: page on until ``limit`` are found, so
-        effects in grace never starve due ones."""
-        found: list[Effect] = []
-        after: tuple[float, str] | None = None
-        page = max(limit, 100)
-        while len(found) < limit:
-            rows = self.store.due_unknown(at - self._min_grace(), page, after)
-            found += [e for e in rows if self._is_due(e, at)]
-            if len(rows) < page:
-                break
-            after = (rows[-1].updated_at, rows[-1].id)
-        if len(found) < limit:
-            # Changed "after now": written by a clock that has since stepped back. Their
-            # pause is counted on this process's monotonic clock instead (_is_due).
-            future = self.store.due_unknown(at + 1e9, page, (at + 1e-6, ""))
-            found += [e for e in future if self._is_due(e, at)]
+            found += overdue_unknown(
+                self.store, self.grace, self.clock, at, room, lambda e: self._is_due(e, at)
+            )
         return found[:limit]
 
     def run_once(self, limit: int = 500) -> ReconcileReport:
@@ -279,11 +260,26 @@ class Reconciler:
         report.waiting = self.store.count([S.UNKNOWN])
         return report
 
+    # A dispatch claim says "queued for a batch", a probe claim "being asked about now".
+    # Their owners are told apart by this prefix: a batch may take over another
+    # dispatcher's claim (reconcile_ids), never a probe claim.
+    DISPATCH_PREFIX = "dispatch:"
+
+    @classmethod
+    def is_dispatch_claim(cls, owner: str | None) -> bool:
+        return owner is not None and owner.startswith(cls.DISPATCH_PREFIX)
+
     def claim_due(self, limit: int, owner: str, ttl: float) -> list[str]:
         """For a dispatcher (the Celery tick): the ids of due effects, the UNKNOWN ones
-        claimed for ``owner`` during ``ttl`` seconds so that the next tick does not hand
-        them out again while they wait in the queue. If the worker that gets them dies,
-        the claim lapses and a later tick hands them out anew."""
+        claimed for ``owner`` (a name starting with ``DISPATCH_PREFIX``) during ``ttl``
+        seconds so that the next tick does not hand them out again while they wait in the
+        queue. If the worker that gets them dies, the claim lapses and a later tick hands
+        them out anew; a batch still queued then probes them anyway (reconcile_ids)."""
+        if not self.is_dispatch_claim(owner):
+            raise ValueError(
+                f"a dispatch claim's owner must start with {self.DISPATCH_PREFIX!r}"
+                f" (batches take such claims over, never a probe claim): {owner!r}"
+            )
         at = self.clock.now()
         due = self.due(limit, at)
         started = [e.id for e in due if e.state == S.STARTED]
@@ -304,8 +300,20 @@ class Reconciler:
         (a Celery task id), so a redelivery of a batch whose worker died can take over its
         own claims at once instead of waiting for them to lapse.
 
+        Another dispatcher's claim does not hold a batch back: a newer tick that queued
+        the effect again (this batch waited longer than the dispatch TTL) only put it in
+        a later batch, and skipping it here would leave it to that batch, which a still
+        newer tick overtakes the same way, so nothing would ever be probed. Only a live
+        probe claim means somebody is asking the provider: that effect is skipped.
+
         ``deadline`` (``time.monotonic()`` seconds) stops the batch before a probe could
         run past it; the effects not reached are in ``report.skipped``, still due."""
+        if self.is_dispatch_claim(claimer or self._claimer):
+            raise ValueError(
+                f"a probe claimer must not be named like a dispatcher"
+                f" ({self.DISPATCH_PREFIX!r}): another batch would take its claim over"
+                f" while it probes: {claimer or self._claimer!r}"
+            )
         report = ReconcileReport()
         at = self.clock.now()
         own = tuple(o for o in (dispatched_by, claimer) if o)
@@ -315,21 +323,21 @@ class Reconciler:
                 if time.monotonic() + self.probe_timeout * probes > deadline:
                     report.skipped.append(effect.id)
                     continue
-            if self._is_due(effect, at, own):
-                self._reconcile(effect, report, at, own, claimer)
+            # Taking the other dispatcher's claim is fenced on what was read here: if a
+            # batch probe-claimed the effect since, this batch loses that race.
+            holder = effect.lease_owner
+            mine = (*own, holder) if holder and self.is_dispatch_claim(holder) else own
+            if self._is_due(effect, at, mine):
+                self._reconcile(effect, report, at, mine, claimer)
         return report
 
     def _is_due(self, effect: Effect, at: float, own: tuple[str, ...] = ()) -> bool:
         if effect.state == S.STARTED:
-            lapsed = lease_lapsed(effect, self.clock, at)
-            return lapsed or dead_owner(effect.lease_owner) is not None
-        if effect.state != S.UNKNOWN:
+            return started_due(effect, self.clock, at)
+        if not unknown_due(effect, self.grace, self.clock, at):
             return False
-        pause = self._pause(effect)
-        if not wait_over(self.clock, ("pause", effect.id, effect.fence),
-                         effect.updated_at + pause, at, pause):  # fmt: skip
-            return False
-        # Someone else is probing it (or has it queued): leave it to them.
+        # Someone else is probing it, or has it queued (a dispatch claim, which a batch
+        # passes in ``own`` to take it over): leave it to them.
         claimed = effect.lease_expires_at is not None and not wait_over(
             self.clock,
             ("claim", effect.id, effect.fence),
@@ -339,28 +347,8 @@ class Reconciler:
         )
         return not claimed or effect.lease_owner in own
 
-    def _pause(self, effect: Effect) -> float:
-        """How long after its last change an UNKNOWN effect waits: its grace window, or the
-        backoff after a failed probe, whichever is longer. After a young miss, the wait the
-        prober asked for: the grace was spent before the first probe."""
-        failures = _failures(effect)
-        wait = float(failures.get("wait", 0.0))
-        if failures.get("maturing"):
-            return wait
-        return max(self.grace_for(effect.tool), wait)
-
     def grace_for(self, tool: str) -> float:
-        if tool in self.grace_overrides:
-            return self.grace_overrides[tool]
-        if self.grace_seconds is not None:
-            return self.grace_seconds
-        grace = self.matrix.grace_seconds(tool, self._pins.get(tool))
-        return float(grace) if grace is not None else 0.0
-
-    def _min_grace(self) -> float:
-        if self.grace_seconds is not None and not self.grace_overrides:
-            return self.grace_seconds
-        return 0.0
+        return self.grace.for_tool(tool)
 
     # -- one effect -----------------------------------------------------------------------
 
@@ -487,14 +475,26 @@ class Reconciler:
             if credential
             else f" ({count}/{self.transient_retries if transient else self.probe_retries})"
         )
-        moved = self.oo.ledger.move(
-            effect, "reprobe", S.UNKNOWN, actor=self.actor,
-            reason=f"{kind}{limit}: {detail}; asking again in {wait:g}s",
-            evidence={"probe_error": detail, "retry": count, "wait": wait},
-            changes={"verification_evidence": evidence},
+        moved = self._reprobe(
+            effect, f"{kind}{limit}: {detail}; asking again in {wait:g}s",
+            {"probe_error": detail, "retry": count, "wait": wait}, evidence,
         )  # fmt: skip
         self._count(moved, effect, report.retried, report)
         return True
+
+    def _reprobe(
+        self, effect: Effect, reason: str, evidence: dict[str, Any], verification: dict[str, Any]
+    ) -> bool:
+        """Ask again later (UNKNOWN -> UNKNOWN), with ``verification`` as the effect's new
+        verification evidence. Its next probe is written beside it: the pause its
+        ``probe_failures`` call for (``due.probe_pause``) after this move, so the sweep's
+        index (``openonce_effects_unknown_next``) finds the effect when it is due."""
+        at = self.clock.now()
+        pause = probe_pause(effect.tool, verification.get("probe_failures"), self.grace)
+        return self.oo.ledger.move(
+            effect, "reprobe", S.UNKNOWN, actor=self.actor, reason=reason, evidence=evidence,
+            changes={"verification_evidence": verification, "next_probe_at": at + pause}, at=at,
+        )  # fmt: skip
 
     def _conformance_problems(self, capabilities: list[Capability]) -> list[str]:
         if not capabilities:
@@ -646,11 +646,9 @@ class Reconciler:
                 "attempt": effect.attempt,
                 "wait": young,
             }
-            moved = self.oo.ledger.move(
-                effect, "reprobe", S.UNKNOWN, actor=self.actor,
-                reason=f"no trace yet, but {why}; asking again in {young:.0f}s",
-                evidence={"probe": "not_happened", "observations": seen, "wait": young},
-                changes={"verification_evidence": evidence},
+            moved = self._reprobe(
+                effect, f"no trace yet, but {why}; asking again in {young:.0f}s",
+                {"probe": "not_happened", "observations": seen, "wait": young}, evidence,
             )  # fmt: skip
             self._count(moved, effect, report.retried, report)
             return
@@ -686,17 +684,15 @@ class Reconciler:
             **_failures(effect),
             "attempt": effect.attempt,
             "wait": wait,
-            "maturing": True,  # the pause is this wait alone (see _pause)
+            "maturing": True,  # the pause is this wait alone (see due.probe_pause)
             "young_count": count,
             "young_since": since,
         }
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock.now() + wait))
-        moved = self.oo.ledger.move(
-            effect, "reprobe", S.UNKNOWN, actor=self.actor,
-            reason=f"young miss ({count}/{self.young_reprobes}): {detail}; asking again in"
+        moved = self._reprobe(
+            effect, f"young miss ({count}/{self.young_reprobes}): {detail}; asking again in"
             f" {wait:.0f}s, at {when}",
-            evidence={"probe": "inconclusive", "observations": seen, "wait": wait},
-            changes={"verification_evidence": evidence},
+            {"probe": "inconclusive", "observations": seen, "wait": wait}, evidence,
         )  # fmt: skip
         self._count(moved, effect, report.retried, report)
 

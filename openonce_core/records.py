@@ -48,6 +48,10 @@ class Effect:
     error: dict[str, Any] | None = None
     created_at: float = field(default_factory=now)
     updated_at: float = field(default_factory=now)
+    # When an UNKNOWN effect may next be probed, once the reconciler asked again later (a
+    # failed probe's backoff, a young miss); None: at its last change plus its tool's grace
+    # (openonce_core/due.py). Every move clears it unless the move sets a new one.
+    next_probe_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

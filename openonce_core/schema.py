@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Journal and approvals name their effect without a foreign key: the core is their only
 # writer and always writes them in the effect's own transaction, and a foreign key would
@@ -188,6 +188,78 @@ _V4_JOURNAL_KEY_PG = [
     "DROP INDEX IF EXISTS openonce_journal_effect",
 ]
 
+# Version 5: loops that run all day cost what is pending, not what is history; and the
+# retention (openonce_core/retention.py) may archive old effects.
+_V5 = [
+    # When an UNKNOWN effect may next be probed, written by the reconciler when it asks
+    # again later (a probe that failed, a miss too young to trust): its last change plus
+    # the longer of the tool's grace and the backoff. NULL until then: due at its last
+    # change plus its tool's grace.
+    "ALTER TABLE openonce_effects ADD COLUMN next_probe_at double precision",
+    # The sweep's two questions, each answered by an index range of due rows only: UNKNOWN
+    # effects never probed, by their last change; UNKNOWN effects in backoff, by their next
+    # probe. Partial, so only UNKNOWN rows are in them and the hot path never writes them.
+    """
+    CREATE INDEX openonce_effects_unknown_fresh ON openonce_effects (updated_at, id)
+        WHERE state = 'unknown' AND next_probe_at IS NULL
+    """,
+    """
+    CREATE INDEX openonce_effects_unknown_next ON openonce_effects (next_probe_at, id)
+        WHERE state = 'unknown' AND next_probe_at IS NOT NULL
+    """,
+    # A duplicate of an effect the retention archived: what remains of its key, so the call
+    # is refused (it ran, or failed, already) instead of running a second time. Released
+    # claims (nothing ran) leave none.
+    """
+    CREATE TABLE openonce_tombstones (
+        tool text NOT NULL,
+        idempotency_key text NOT NULL,
+        effect_id text NOT NULL,
+        state text NOT NULL,
+        args_fingerprint text NOT NULL,
+        created_at double precision NOT NULL,
+        archived_at double precision NOT NULL,
+        archive text NOT NULL DEFAULT '',
+        PRIMARY KEY (tool, idempotency_key)
+    )
+    """,
+]
+_V5_PG = [
+    # The notifier's cursor reads ``seq > ? ORDER BY seq``; since v4 no index started with
+    # seq, so every tick scanned the journal. A btree on an increasing number costs one
+    # insert at its right edge per line. (SQLite: seq is the rowid, already ordered.)
+    "CREATE INDEX openonce_journal_seq ON openonce_journal (seq)",
+    # Append-only, except for the retention: a transaction that says
+    # ``SET LOCAL openonce.retention = 'on'`` may delete (never update) lines and approvals.
+    """
+    CREATE OR REPLACE FUNCTION openonce_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP = 'DELETE' AND current_setting('openonce.retention', true) = 'on' THEN
+            RETURN OLD;
+        END IF;
+        RAISE EXCEPTION 'openonce: % is append-only', TG_TABLE_NAME;
+    END $$
+    """,
+]
+# SQLite has no session settings: the retention inserts a row into openonce_retention_grant
+# inside its own transaction and deletes it before committing, so no other connection ever
+# sees it, and the delete triggers stand aside only while it is there.
+_V5_SQLITE = [
+    "CREATE TABLE openonce_retention_grant (token text PRIMARY KEY)",
+    *[
+        f"DROP TRIGGER IF EXISTS {table}_delete_refused"
+        for table in ("openonce_journal", "openonce_approvals")
+    ],
+    *[
+        f"""
+    CREATE TRIGGER {table}_delete_refused BEFORE DELETE ON {table}
+    WHEN NOT EXISTS (SELECT 1 FROM openonce_retention_grant)
+    BEGIN SELECT RAISE(ABORT, 'openonce: {table} is append-only'); END
+    """
+        for table in ("openonce_journal", "openonce_approvals")
+    ],
+]
+
 SCHEMA_TABLE = {
     "postgres": "CREATE TABLE IF NOT EXISTS openonce_schema"
     " (version integer PRIMARY KEY, applied_at double precision NOT NULL)",
@@ -198,8 +270,8 @@ SCHEMA_TABLE = {
 
 def _to_sqlite(stmt: str) -> str:
     return (
-        # Rowids never repeat here because these tables are never deleted from (triggers),
-        # so AUTOINCREMENT's extra write to sqlite_sequence buys nothing.
+        # Only the retention deletes from these tables, and only rows below the newest (it
+        # keeps recent history), so a rowid is never handed out twice without AUTOINCREMENT.
         stmt.replace("bigserial PRIMARY KEY", "INTEGER PRIMARY KEY")
         .replace("double precision", "REAL")
         .replace("bigint", "INTEGER")
@@ -214,6 +286,7 @@ def migrations(dialect: str) -> dict[int, list[str]]:
             2: _V2 + _V2_PG,
             3: _V3_SEARCH_PG,
             4: _V4_JOURNAL_KEY_PG,
+            5: _V5 + _V5_PG,
         }
     if dialect == "sqlite":
         return {
@@ -221,6 +294,7 @@ def migrations(dialect: str) -> dict[int, list[str]]:
             2: [_to_sqlite(s) for s in _V2],
             3: [],  # SQLite's byte-order indexes already serve the console's prefix ranges
             4: [],  # the rowid is seq; (effect_id, seq) is the journal's one index already
+            5: [_to_sqlite(s) for s in _V5] + _V5_SQLITE,
         }
     raise ValueError(f"unknown dialect {dialect!r}")
 

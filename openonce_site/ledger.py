@@ -15,8 +15,10 @@ from django.db import connections
 from psycopg.conninfo import make_conninfo
 
 from openonce_core import OpenOnce, Store, open_store
+from openonce_core.due import Grace
+from openonce_core.providers import CapabilityMatrix
 from openonce_core.reconcile import Reconciler
-from openonce_core.wiring import build_openonce, build_reconciler
+from openonce_core.wiring import build_openonce, build_reconciler, load_object
 
 _lock = threading.Lock()
 _clients: dict[str, OpenOnce] = {}
@@ -101,3 +103,45 @@ def reset() -> None:
             client.close()
         _reconcilers.clear()
         _clients.clear()
+
+
+_graces: dict[tuple[object, ...], Grace] = {}
+
+
+def get_grace() -> Grace:
+    """The grace windows the reconciler uses (``openonce_core.due``), for a process that
+    only asks what is due (the console's queue, /metrics, health): the reconciler's own
+    when this process built one, else the same settings, capability files and pins
+    (``OPENONCE_PROVIDER_CAPABILITIES`` and the capabilities ``OPENONCE_PROBERS`` names)
+    without a Reconciler's probe pool. Kept per configuration, so a changed setting is
+    seen at once."""
+    target = ledger_target()
+    with _lock:
+        reconciler = _reconcilers.get(target)
+    if reconciler is not None:
+        return reconciler.grace
+    probers = settings.OPENONCE_PROBERS
+    key = (
+        target,
+        settings.OPENONCE_GRACE_SECONDS,
+        tuple(settings.OPENONCE_CAPABILITY_FILES),
+        tuple(settings.OPENONCE_PROVIDER_CAPABILITIES),
+        probers if isinstance(probers, str | None) else id(probers),
+    )
+    with _lock:
+        grace = _graces.get(key)
+    if grace is None:
+        oo = get_openonce()
+        table = load_object(probers) if isinstance(probers, str) else (probers or {})
+        pins = dict(oo.provider_capabilities)
+        for tool, entry in table.items():
+            if isinstance(entry, tuple) and entry[1]:
+                pins[tool] = entry[1]
+        grace = Grace(
+            CapabilityMatrix(extra=oo.extra_capabilities),
+            grace_seconds=settings.OPENONCE_GRACE_SECONDS,
+            pins=pins,
+        )
+        with _lock:
+            grace = _graces.setdefault(key, grace)
+    return grace

@@ -5,23 +5,31 @@ nothing.
 
 Names (all ``openonce_``; the alert rules in deploy/prometheus/ use them):
 
-effects{state}                         effects by state (count_by_state)
-human_queue{kind}                      awaiting approval, in human review, UNKNOWN past grace
+effects{state}                         effects by state: exact for the states an effect
+                                       passes through (each counted on the state index),
+                                       up to a minute old for the terminal ones (their
+                                       rows are history: counted at most once a minute)
+human_queue{kind}                      awaiting approval, in human review, UNKNOWN due for
+                                       a probe (past grace or backoff: openonce_core.due)
 oldest_unknown_age_seconds             seconds since the longest-waiting UNKNOWN changed
 approval_oldest_wait_seconds           seconds the oldest pending approval has waited
 probes_total{tool,outcome,status}      probes by result (happened, not_happened,
                                        inconclusive, transient, credential, error) and the
                                        provider's HTTP status when it refused ("ok": answered)
 probe_duration_seconds{...}            the same probes' latency, a histogram
+sweep_recorded                         1 once any sweep is recorded (0: age and lag have
+                                       no sample yet)
 sweep_age_seconds / sweep_lag_seconds  since the last sweep started; how far past its interval
 sweep_duration_seconds                 how long the last finished sweep took
 sweep_due                              effects the last sweep found due
+dispatch_queue_depth                   batches waiting in openonce.batches (absent: unknown)
 prober_failing{provider}               1 while a provider refuses the prober's credentials
 quarantined_messages                   batch messages held back for killing workers
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -34,66 +42,85 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from openonce_core.states import EffectState
-from openonce_site.ledger import get_openonce, get_reconciler
+from openonce_core.due import count_overdue_unknown
+from openonce_core.runtime import OpenOnce
+from openonce_core.states import TERMINAL, EffectState
+from openonce_site.ledger import get_grace, get_openonce
 
-from . import deliveries
+from . import deliveries, queue
 from .models import ProberStatus, ProbeTally, Sweep
 
 S = EffectState
-# UNKNOWN effects past grace are counted by reading the oldest ones (grace differs per
-# tool); past this many the count is a floor and openonce_human_queue_capped says so.
-UNKNOWN_SCAN = 10_000
+PENDING: tuple[EffectState, ...] = tuple(s for s in EffectState if s not in TERMINAL)
+TERMINAL_TTL = 60.0  # seconds (ledger clock) a process keeps its terminal totals
 
 
-def human_queue(at: float) -> tuple[dict[str, int], bool]:
+class TerminalTotals:
+    """Terminal states' totals, counted at most once per ``TERMINAL_TTL`` per ledger client:
+    they only grow with history, so counting them on every scrape would cost what the
+    ledger ever held. Per process (two web replicas may differ by a minute of commits)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: tuple[OpenOnce, float, dict[str, int]] | None = None
+
+    def get(self, oo: OpenOnce, at: float) -> dict[str, int]:
+        with self._lock:
+            kept = self._kept
+        # Counted again when too old, for another client (the site's ledger was reset), or
+        # when taken "in the future" (the ledger's clock stepped back).
+        if kept is not None and kept[0] is oo and 0.0 <= at - kept[1] < TERMINAL_TTL:
+            return kept[2]
+        totals = {str(state): oo.store.count([state]) for state in TERMINAL}
+        with self._lock:
+            self._kept = (oo, at, totals)
+        return totals
+
+
+terminal_totals = TerminalTotals()
+
+
+def pending_counts(oo: OpenOnce) -> dict[str, int]:
+    """Exact counts of the states an effect passes through, one range of the state index
+    each: what is pending, never what is history."""
+    return {str(state): oo.store.count([state]) for state in PENDING}
+
+
+def human_queue(oo: OpenOnce, pending: dict[str, int], at: float) -> dict[str, int]:
     """Depth of what waits for a person, by kind, as the console's queue counts it."""
-    store = get_openonce().store
-    counts = store.count_by_state()
-    reconciler = get_reconciler()
-    grace: dict[str, float] = {}
-    past_grace, scanned = 0, 0
-    after: tuple[float, str] | None = None
-    while scanned < UNKNOWN_SCAN:
-        rows = store.due_unknown(at, min(1000, UNKNOWN_SCAN - scanned), after)
-        for effect in rows:
-            if effect.tool not in grace:
-                grace[effect.tool] = reconciler.grace_for(effect.tool)
-            if at >= effect.updated_at + grace[effect.tool]:
-                past_grace += 1
-        scanned += len(rows)
-        if len(rows) < 1000:
-            break
-        after = (rows[-1].updated_at, rows[-1].id)
     return {
-        "requires_approval": counts.get(S.REQUIRES_APPROVAL, 0),
-        "human_review": counts.get(S.HUMAN_REVIEW, 0),
-        "unknown_past_grace": past_grace,
-    }, scanned >= UNKNOWN_SCAN
+        "requires_approval": pending[S.REQUIRES_APPROVAL],
+        "human_review": pending[S.HUMAN_REVIEW],
+        "unknown_past_grace": count_overdue_unknown(oo.store, get_grace(), oo.clock, at),
+    }
 
 
 class LedgerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
-        at = time.time()
-        store = get_openonce().store
-        effects = GaugeMetricFamily("openonce_effects", "Effects by state.", labels=["state"])
-        counts = store.count_by_state()
+        oo = get_openonce()
+        at = oo.clock.now()  # the ledger's time: what leases and grace windows are read on
+        store = oo.store
+        effects = GaugeMetricFamily(
+            "openonce_effects",
+            "Effects by state; exact for pending states, terminal states (committed, failed,"
+            f" denied, cancelled, released) may lag by up to {TERMINAL_TTL:g}s.",
+            labels=["state"],
+        )
+        pending = pending_counts(oo)
+        counts = {**pending, **terminal_totals.get(oo, at)}
         for state in EffectState:
-            effects.add_metric([state.value], counts.get(state, 0))
+            effects.add_metric([state.value], counts[state])
         yield effects
 
-        queue, capped = human_queue(at)
         depth = GaugeMetricFamily(
-            "openonce_human_queue", "What waits for a person, by kind.", labels=["kind"]
+            "openonce_human_queue",
+            "What waits for a person, by kind (unknown_past_grace: UNKNOWN effects due for a"
+            " probe, past their grace window or backoff).",
+            labels=["kind"],
         )
-        for kind, n in queue.items():
+        for kind, n in human_queue(oo, pending, at).items():
             depth.add_metric([kind], n)
         yield depth
-        yield GaugeMetricFamily(
-            "openonce_human_queue_capped",
-            f"1 when more than {UNKNOWN_SCAN} UNKNOWN effects were scanned (a floor).",
-            value=int(capped),
-        )
         yield _age("openonce_oldest_unknown_age_seconds",
                    "Seconds since the longest-waiting UNKNOWN effect last changed.",
                    store.oldest_change(S.UNKNOWN), at)  # fmt: skip
@@ -101,7 +128,15 @@ class LedgerCollector(Collector):
                    "Seconds the oldest effect awaiting approval has waited.",
                    store.oldest_change(S.REQUIRES_APPROVAL), at)  # fmt: skip
         yield from _probes()
-        yield from _sweeps(at)
+        # The daemon's records are stamped with this host's clock (Django's timezone.now).
+        yield from _sweeps(time.time())
+        queued = queue.depth()
+        if queued is not None:  # eager mode or an unanswering broker: no sample
+            yield GaugeMetricFamily(
+                "openonce_dispatch_queue_depth",
+                "Reconcile batches waiting in the broker's openonce.batches queue.",
+                value=queued,
+            )
         failing = GaugeMetricFamily(
             "openonce_prober_failing",
             "1 while the provider refuses the prober's credentials.",
@@ -144,16 +179,22 @@ def _probes() -> Iterator[Metric]:
 def _sweeps(at: float) -> Iterator[Metric]:
     last = Sweep.objects.order_by("-started_at").first()
     finished = Sweep.objects.filter(finished_at__isnull=False).order_by("-finished_at").first()
-    age = at - last.started_at.timestamp() if last else 0.0
-    interval = (last.interval if last else None) or 0.0
     yield GaugeMetricFamily(
-        "openonce_sweep_age_seconds", "Seconds since the last sweep started.", value=age
+        "openonce_sweep_recorded",
+        "1 once any sweep is recorded; 0 before (sweep age and lag then have no sample).",
+        value=int(last is not None),
     )
-    yield GaugeMetricFamily(
-        "openonce_sweep_lag_seconds",
-        "Seconds the next sweep is overdue (age past the interval).",
-        value=max(0.0, age - interval) if last else 0.0,
+    # No sample before the first sweep: a 0 would read as "on time" to the alert rules.
+    age = GaugeMetricFamily("openonce_sweep_age_seconds", "Seconds since the last sweep started.")
+    lag = GaugeMetricFamily(
+        "openonce_sweep_lag_seconds", "Seconds the next sweep is overdue (age past the interval)."
     )
+    if last is not None:
+        seconds = at - last.started_at.timestamp()
+        age.add_metric([], seconds)
+        lag.add_metric([], max(0.0, seconds - (last.interval or 0.0)))
+    yield age
+    yield lag
     duration = (
         (finished.finished_at - finished.started_at).total_seconds()
         if finished and finished.finished_at

@@ -6,6 +6,11 @@ writes nothing; every decision is a fenced transition in the core, so overlappin
 two beats, a redelivered task or two workers on one batch are harmless: each effect is
 resolved once, the losers count a lost race.
 
+A tick that dispatches to workers first asks how many batches already wait in the queue
+(``backlog``, reconciler/queue.py): while more than OPENONCE_DISPATCH_MAX_QUEUED wait, it
+claims and queues nothing. Its batches would only queue, behind those, effects they
+already carry, and each would re-claim them for itself.
+
 A batch on a worker runs against a deadline (``deadline``): it reconciles only as many
 effects as can still finish before the task's soft time limit if every probe takes its
 full timeout, and hands the rest back (``on_leftover``) to be queued as a new batch. So
@@ -27,7 +32,7 @@ from django.db import DatabaseError
 from django.db.models import F
 from django.utils import timezone
 
-from openonce_core.reconcile import ReconcileReport
+from openonce_core.reconcile import Reconciler, ReconcileReport
 from openonce_site.ledger import get_openonce, get_reconciler
 
 from . import deliveries, probes
@@ -37,10 +42,18 @@ log = logging.getLogger("openonce.reconciler")
 
 Dispatch = Callable[[list[str], int], None]
 Leftover = Callable[[list[str]], None]
+Backlog = Callable[[], int | None]
 
 
-def sweep(source: str, dispatch: Dispatch | None = None, interval: float | None = None) -> Sweep:
-    """Select what is due now and reconcile it; ``dispatch`` hands batches to workers.
+def sweep(
+    source: str,
+    dispatch: Dispatch | None = None,
+    interval: float | None = None,
+    backlog: Backlog | None = None,
+) -> Sweep:
+    """Select what is due now and reconcile it; ``dispatch`` hands batches to workers,
+    unless ``backlog`` (batches waiting in their queue; None: unknown) says the queue is
+    behind.
 
     The due UNKNOWN effects are claimed for this sweep (for OPENONCE_DISPATCH_TTL
     seconds), so the next tick does not queue them again while they wait for a worker;
@@ -55,6 +68,11 @@ def sweep(source: str, dispatch: Dispatch | None = None, interval: float | None 
     # Sweep records are operational history, not ledger truth: keep a bounded window.
     retention = timedelta(days=settings.OPENONCE_SWEEP_RETENTION_DAYS)
     Sweep.objects.filter(started_at__lt=record.started_at - retention).delete()
+    if dispatch is not None and backlog is not None and _queue_behind(record.pk, backlog()):
+        # Nothing claimed, nothing queued: the sweep is over as it starts.
+        Sweep.objects.filter(pk=record.pk).update(finished_at=record.started_at)
+        record.refresh_from_db()
+        return record
     owner = claim_owner(record.pk)
     due_ids = reconciler.claim_due(
         settings.OPENONCE_SWEEP_LIMIT, owner, settings.OPENONCE_DISPATCH_TTL
@@ -80,8 +98,24 @@ def sweep(source: str, dispatch: Dispatch | None = None, interval: float | None 
     return record
 
 
+def _queue_behind(sweep_id: int, queued: int | None) -> bool:
+    """Whether more batches wait than OPENONCE_DISPATCH_MAX_QUEUED (unknown: not behind,
+    and the batches' own checks keep a duplicate harmless)."""
+    limit = settings.OPENONCE_DISPATCH_MAX_QUEUED
+    if queued is None or queued <= limit:
+        return False
+    log.warning(
+        "sweep %d queued no batches: %d already wait in the batch queue"
+        " (OPENONCE_DISPATCH_MAX_QUEUED=%d); workers are behind", sweep_id, queued, limit,
+        extra={"sweep_id": sweep_id, "queue_depth": queued},
+    )  # fmt: skip
+    return True
+
+
 def claim_owner(sweep_id: int) -> str:
-    return f"sweep:{sweep_id}"
+    """The sweep's dispatch claims; a batch of any sweep may take them over, since they
+    only say "queued" (``Reconciler.reconcile_ids``)."""
+    return f"{Reconciler.DISPATCH_PREFIX}sweep:{sweep_id}"
 
 
 def per_effect_budget() -> float:
@@ -178,8 +212,9 @@ def record_report(sweep_id: int, report: ReconcileReport) -> None:
 
 
 def oldest_unknown_age() -> float | None:
-    oldest = get_openonce().store.oldest_change("unknown")
-    return None if oldest is None else max(0.0, time.time() - oldest)
+    oo = get_openonce()
+    oldest = oo.store.oldest_change("unknown")
+    return None if oldest is None else max(0.0, oo.clock.now() - oldest)
 
 
 def _log_decisions(report: ReconcileReport) -> None:

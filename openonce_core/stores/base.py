@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from ..clock import Clock
 from ..records import Approval, Effect, JournalEntry
-from .sql import ReplayRow
+from .sql import Cutoff, ReplayRow
 
 
 class Store(Protocol):
@@ -41,12 +41,25 @@ class Store(Protocol):
     ) -> list[Effect]: ...
     def expired_leases(self, at: float, limit: int = 100) -> list[Effect]: ...
     def started_by(self, owner_prefix: str, limit: int = 100) -> list[Effect]: ...
-    def due_unknown(
-        self, before: float, limit: int = 100, after: tuple[float, str] | None = None
+    # What is due: UNKNOWN effects past their grace or backoff (``openonce_core.due`` is
+    # the rule; these are the index ranges it reads, ``sql.SQLStore`` documents each).
+    def fresh_unknown_tools(self) -> list[str]: ...
+    def fresh_unknown(
+        self, cutoffs: Sequence[Cutoff], limit: int, after: tuple[float, str] | None = None
+    ) -> list[Effect]: ...
+    def count_fresh_unknown(self, cutoffs: Sequence[Cutoff]) -> int: ...
+    def backoff_unknown(
+        self, at: float, limit: int, after: tuple[float, str] | None = None
+    ) -> list[Effect]: ...
+    def count_backoff_unknown(self, at: float) -> int: ...
+    def unknown_changed_after(
+        self, at: float, limit: int, after: tuple[float, str] | None = None
     ) -> list[Effect]: ...
     def count(self, states: Iterable[str]) -> int: ...
     def count_by_state(self) -> dict[str, int]:
-        """How many effects are in each state (states with none are left out)."""
+        """How many effects are in each state (states with none are left out). Reads every
+        row: for a one-off look, never for a loop (``/metrics`` counts ``count`` per
+        pending state)."""
         ...
 
     def oldest_change(self, state: str) -> float | None:

@@ -25,15 +25,16 @@ if TYPE_CHECKING:
 JSON_FIELDS = frozenset({"args", "execution_evidence", "verification_evidence", "result", "error"})
 FIELDS = [f.name for f in dataclasses.fields(Effect)]
 
-# What a newly claimed effect can carry; evidence and outcomes only arrive by update, so
-# the claim's INSERT leaves them to their NULL defaults (fewer parameters on the hot path).
+# What a newly claimed effect can carry; evidence, outcomes and a next probe time only
+# arrive by update, so the claim's INSERT leaves them to their NULL defaults (fewer
+# parameters on the hot path).
 NEW_FIELDS = [
     f
     for f in FIELDS
     if f
     not in (
         "execution_status", "execution_evidence", "verification_status",
-        "verification_evidence", "result", "error",
+        "verification_evidence", "result", "error", "next_probe_at",
     )
 ]  # fmt: skip
 
@@ -220,6 +221,37 @@ INSERT_JOURNAL = f"INSERT INTO openonce_journal ({JOURNAL_COLUMNS}) VALUES ({mar
 INSERT_APPROVAL = f"INSERT INTO openonce_approvals ({APPROVAL_COLUMNS}) VALUES ({marks(7)})"
 
 
+# One grace window's cutoff: UNKNOWN effects of these tools (None: of every tool) that
+# changed at or before ``changed_by`` are past their grace.
+class Cutoff(NamedTuple):
+    changed_by: float
+    tools: tuple[str, ...] | None = None
+
+
+def _fresh_where(cutoffs: Sequence[Cutoff]) -> tuple[str, list[Any]]:
+    # The range (updated_at up to the latest cutoff) comes from the index; each tool's own
+    # cutoff is checked on the rows in it, so only due rows leave the database.
+    params: list[Any] = [max(c.changed_by for c in cutoffs)]
+    per_tool = []
+    for cutoff in cutoffs:
+        if cutoff.tools is None:
+            per_tool.append("updated_at <= ?")
+            params.append(cutoff.changed_by)
+        else:
+            per_tool.append(f"(updated_at <= ? AND tool IN ({marks(len(cutoff.tools))}))")
+            params += [cutoff.changed_by, *cutoff.tools]
+    return (
+        "state = 'unknown' AND next_probe_at IS NULL AND updated_at <= ?"
+        f" AND ({' OR '.join(per_tool)})",
+        params,
+    )
+
+
+_BACKOFF_WHERE = "state = 'unknown' AND next_probe_at IS NOT NULL AND next_probe_at <= ?"
+FRESH_INDEX = "openonce_effects_unknown_fresh"  # schema v5
+NEXT_INDEX = "openonce_effects_unknown_next"
+
+
 class SQLStore:
     """The reads every SQL store shares. Subclasses provide ``_one`` and ``_all`` (run a
     read with ``?`` placeholders) and the writes."""
@@ -300,15 +332,79 @@ class SQLStore:
         )
         return [effect_from_row(r) for r in rows]
 
-    def due_unknown(
-        self, before: float, limit: int = 100, after: tuple[float, str] | None = None
+    # -- what is due (openonce_core/due.py says when; these find it by index) --------------
+    # Each WHERE repeats its partial index's predicate word for word, so that both planners
+    # (and Postgres's generic plans) can use the index whatever the parameters.
+
+    def _effects_by(self, index: str) -> str:
+        """The effects table, read through ``index``. SQLite without statistics prefers
+        (state, updated_at, id) for ``state = 'unknown'``, a range over every UNKNOWN row
+        (those in backoff too), so it is told; a query the index cannot serve then fails
+        instead of scanning. Postgres picks the partial index by itself."""
+        if self.dialect in ("sqlite", "memory"):
+            return f"openonce_effects INDEXED BY {index}"
+        return "openonce_effects"
+
+    def fresh_unknown_tools(self) -> list[str]:
+        """The tools of UNKNOWN effects never asked again later: whose grace applies."""
+        rows = self._all(
+            f"SELECT DISTINCT tool FROM {self._effects_by(FRESH_INDEX)}"
+            " WHERE state = 'unknown' AND next_probe_at IS NULL",
+            (),
+        )
+        return [str(tool) for (tool,) in rows]
+
+    def fresh_unknown(
+        self, cutoffs: Sequence[Cutoff], limit: int, after: tuple[float, str] | None = None
     ) -> list[Effect]:
+        """UNKNOWN effects never asked again later that changed by their tool's cutoff
+        (its grace before now), by last change: a range of openonce_effects_unknown_fresh."""
+        if not cutoffs:
+            return []
+        where, params = _fresh_where(cutoffs)
         start = after or (float("-inf"), "")
         rows = self._all(
+            f"SELECT {SELECT_COLUMNS} FROM {self._effects_by(FRESH_INDEX)} WHERE {where}"
+            " AND (updated_at, id) > (?, ?) ORDER BY updated_at, id LIMIT ?",
+            (*params, *start, limit),
+        )
+        return [effect_from_row(r) for r in rows]
+
+    def count_fresh_unknown(self, cutoffs: Sequence[Cutoff]) -> int:
+        if not cutoffs:
+            return 0
+        where, params = _fresh_where(cutoffs)
+        query = f"SELECT count(*) FROM {self._effects_by(FRESH_INDEX)} WHERE {where}"
+        return int(self._one(query, params)[0])
+
+    def backoff_unknown(
+        self, at: float, limit: int, after: tuple[float, str] | None = None
+    ) -> list[Effect]:
+        """UNKNOWN effects whose next probe time (``next_probe_at``) is ``at`` or before, by
+        that time: a range of openonce_effects_unknown_next."""
+        start = after or (float("-inf"), "")
+        rows = self._all(
+            f"SELECT {SELECT_COLUMNS} FROM {self._effects_by(NEXT_INDEX)} WHERE {_BACKOFF_WHERE}"
+            " AND (next_probe_at, id) > (?, ?) ORDER BY next_probe_at, id LIMIT ?",
+            (at, *start, limit),
+        )
+        return [effect_from_row(r) for r in rows]
+
+    def count_backoff_unknown(self, at: float) -> int:
+        query = f"SELECT count(*) FROM {self._effects_by(NEXT_INDEX)} WHERE {_BACKOFF_WHERE}"
+        return int(self._one(query, (at,))[0])
+
+    def unknown_changed_after(
+        self, at: float, limit: int, after: tuple[float, str] | None = None
+    ) -> list[Effect]:
+        """UNKNOWN effects that changed after ``at``: written by a clock that has since
+        stepped back. None, normally: an empty range of openonce_effects_state_updated."""
+        start = after or (at, "")
+        rows = self._all(
             f"SELECT {SELECT_COLUMNS} FROM openonce_effects"
-            " WHERE state = 'unknown' AND updated_at <= ? AND (updated_at, id) > (?, ?)"
+            " WHERE state = 'unknown' AND updated_at > ? AND (updated_at, id) > (?, ?)"
             " ORDER BY updated_at, id LIMIT ?",
-            (before, start[0], start[1], limit),
+            (at, *start, limit),
         )
         return [effect_from_row(r) for r in rows]
 
