@@ -111,7 +111,7 @@ def claim_line_later(dialect: str, statements: Statements) -> Statements:
         begin, insert, claim_line, commit, begin2, update, finish_line, commit2 = statements
         return [begin, insert, commit, begin2, update, claim_line, finish_line, commit2]
     (insert, ip), (update, up) = statements
-    n_effect = insert.split(" VALUES (", 1)[1].split(")", 1)[0].count("%s")
+    n_effect = insert.split(" ON CONFLICT", 1)[0].count("%s")  # the row, and the tombstone's key
     claim_params = ip[n_effect : n_effect + 7]
     insert, found = _PG_JOURNAL_CTE.subn("", insert, count=1)
     ip = ip[:n_effect] + ip[n_effect + 7 :]

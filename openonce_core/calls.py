@@ -30,6 +30,7 @@ from .errors import (
     ApprovalDenied,
     ApprovalExpired,
     ApprovalPending,
+    EffectArchivedError,
     EffectCancelled,
     EffectFailed,
     EffectInFlightError,
@@ -62,6 +63,7 @@ from .ledger import Ledger, Then
 from .observe import EffectEvent, Observer, begin, notify
 from .policy import Policy
 from .records import Effect, new_effect_id
+from .retention import drop_released_tombstone, find_tombstone
 from .states import EffectState
 from .stores.base import Store
 from .stores.sql import ReplayRow
@@ -152,6 +154,7 @@ class CallPath:
         while True:
             claimed, row = self._claim_or_find(call)
             if claimed is None and row is None:
+                self._refuse_archived(call)
                 continue  # another caller's insert we could not see yet: read again
             if claimed is None:
                 assert row is not None
@@ -210,6 +213,21 @@ class CallPath:
         if effect.state == S.REQUIRES_APPROVAL:
             raise ApprovalPending(effect.id, call.tool, 0, effect.approvals_required)
         return effect, None
+
+    def _refuse_archived(self, call: Call) -> None:
+        """The insert wrote nothing and no effect holds the key: the retention may have
+        archived the key's effect, leaving its tombstone. That call ran (or was refused)
+        already, so this one never runs: raise, naming the archived effect."""
+        stone = find_tombstone(self.store, call.tool, call.key)
+        if stone is None:
+            return
+        if drop_released_tombstone(self.store, call.tool, call.key, stone.effect_id):
+            return  # left by a crashed run, and its effect was released since: claim anew
+        if call.spec.idempotency_key is not None and stone.args_fingerprint != call.fingerprint:
+            raise IdempotencyMismatchError(stone.effect_id, call.tool)
+        raise EffectArchivedError(
+            stone.effect_id, call.tool, stone.state, stone.archived_at, stone.archive
+        )
 
     def _remember(self, known: tuple[str, str]) -> None:
         keys = self._known_keys

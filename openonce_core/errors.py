@@ -7,6 +7,7 @@
     │   └── FloatInKeyMaterialError  a float where a key is derived: use integer minor units
     ├── ScopeRequiredError           a derived key needs ``with oo.scope(...)``
     ├── IdempotencyMismatchError     the key was used with different arguments
+    ├── EffectArchivedError          the key's effect was archived: not run again (import it)
     ├── InvalidReceiptError          a receipt that is not a non-empty JSON object
     │   └── ReceiptIdentityError     a person's receipt names another effect
     ├── ProviderContractError        the call breaks its provider capability's contract
@@ -47,7 +48,12 @@ them. A ProbeError says nothing about the effect itself.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
+
+
+def _utc(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 class OpenOnceError(Exception):
@@ -79,6 +85,27 @@ class IdempotencyMismatchError(OpenOnceError):
         super().__init__(
             f"idempotency key of {tool!r} already used with different arguments by {effect_id};"
             " nothing was run. Use a new key for a different request."
+        )
+
+
+class EffectArchivedError(OpenOnceError):
+    """The key's effect ran (or was refused) long ago and the retention archived it: what
+    remains in the ledger is a tombstone of its key, so this duplicate is not run again.
+    Nothing ran here. ``openonce retention import ARCHIVE`` brings the effect back, and
+    the same call then replays its recorded outcome."""
+
+    def __init__(
+        self, effect_id: str, tool: str, state: str, archived_at: float, archive: str
+    ) -> None:
+        self.effect_id = effect_id
+        self.tool = tool
+        self.state = state
+        self.archived_at = archived_at
+        self.archive = archive
+        super().__init__(
+            f"{tool}: this key's effect {effect_id} ended {state} and was archived on"
+            f" {_utc(archived_at)} to {archive or 'an archive'}; nothing was run."
+            " Import the archive to replay its outcome, or use a new key for a new request."
         )
 
 

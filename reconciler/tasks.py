@@ -7,6 +7,9 @@ The envelope around them (settings in openonce_site/settings/base.py):
   worker consumes all three by default, looking at them in that order when it frees up,
   and ``celery worker -Q openonce.tick,openonce.notify`` runs a dedicated worker that
   never waits behind a backlog of batches;
+* while more than OPENONCE_DISPATCH_MAX_QUEUED batches wait in their queue, a tick
+  queues none (``queue.depth``): workers that are behind get no duplicates to wade
+  through;
 * a batch stops taking effects when the next one might not finish before the soft time
   limit, and queues the rest as a new batch (``sweep.run_batch``);
 * SoftTimeLimitExceeded is never caught here: it ends the task (its effects' claims
@@ -35,7 +38,11 @@ from django.utils import timezone
 
 from openonce_core.reconcile import ReconcileReport
 
-from . import deliveries
+from . import (
+    deliveries,
+    queue,
+    retention,  # noqa: F401  (registers the openonce.retention task)
+)
 from .models import DaemonStart, Sweep
 from .sweep import record_report, run_batch, sweep
 
@@ -48,8 +55,13 @@ LEDGER_ERRORS = (DatabaseError, psycopg.OperationalError, psycopg.InterfaceError
 
 @shared_task(name="openonce.tick", ignore_result=True)
 def tick() -> None:
-    """Beat's periodic task: select due effects and fan them out in batches."""
-    sweep("beat", dispatch=lambda ids, sweep_id: reconcile_batch.delay(ids, sweep_id))
+    """Beat's periodic task: select due effects and fan them out in batches, unless the
+    batch queue is behind."""
+    sweep(
+        "beat",
+        dispatch=lambda ids, sweep_id: reconcile_batch.delay(ids, sweep_id),
+        backlog=queue.depth,
+    )
 
 
 @shared_task(

@@ -54,6 +54,7 @@ import psycopg
 from .. import forksafe, schema
 from ..clock import Clock, DatabaseClock
 from ..records import Approval, Effect, JournalEntry
+from ..retention import TOMBSTONE_COLUMNS
 from . import sql
 from .base import WakeBoard, Watch
 
@@ -453,6 +454,7 @@ class PostgresStore(sql.SQLStore):
     ) -> tuple[bool, sql.ReplayRow | None]:
         stmt = self._insert_statement(len(entries), find)
         params: list[Any] = sql.new_effect_row(effect)
+        params += (effect.tool, effect.idempotency_key)
         for entry in entries:
             params += sql.journal_row(entry)[1:]
         if find:
@@ -477,9 +479,15 @@ class PostgresStore(sql.SQLStore):
         stmt = self._update_sql.get(key)
         if stmt is None:
             values = ", ".join("(" + ", ".join(["%s"] * 7) + ")" for _ in range(n_entries))
+            # Not when the retention archived the key's effect: its tombstone says the call
+            # ran long ago (one probe of the tombstones' key). The retention commits a
+            # tombstone before it deletes the effect, and waits for statements older than
+            # that commit (wait_for_older_statements), so no snapshot misses both.
             stmt = (
                 f"WITH e AS (INSERT INTO openonce_effects ({', '.join(sql.NEW_COLUMNS)})"
-                f" VALUES ({', '.join(['%s'] * len(sql.NEW_COLUMNS))})"
+                f" SELECT {', '.join(['%s'] * len(sql.NEW_COLUMNS))}"
+                " WHERE NOT EXISTS (SELECT 1 FROM openonce_tombstones"
+                " WHERE tool = %s AND idempotency_key = %s)"
                 " ON CONFLICT (tool, idempotency_key) WHERE state <> 'released' DO NOTHING"
                 " RETURNING id),"
                 f" j AS (INSERT INTO openonce_journal ({sql.JOURNAL_COLUMNS})"
@@ -578,6 +586,60 @@ class PostgresStore(sql.SQLStore):
             # The claim may have landed: whatever we hold now is ours.
             return [e.id for e in self.get_many(effect_ids) if e.lease_owner == owner]
 
+    # -- the retention (openonce_core/retention.py) ------------------------------------------
+
+    def tombstone(self, tool: str, idempotency_key: str) -> Any:
+        """The key's tombstone (``retention.TOMBSTONE_COLUMNS``), or None."""
+        return self._one(
+            f"SELECT {TOMBSTONE_COLUMNS} FROM openonce_tombstones"
+            " WHERE tool = ? AND idempotency_key = ?",
+            (tool, idempotency_key),
+        )
+
+    def retention_write(self, work: Callable[[Any], T]) -> T:
+        """Run ``work(cursor)`` in one transaction that may delete journal lines and
+        approvals (``SET LOCAL openonce.retention``: the append-only trigger lets a DELETE
+        through for this transaction only; an UPDATE is still refused)."""
+
+        def in_transaction(cur: Any) -> T:
+            with cur.connection.transaction():
+                cur.execute("SET LOCAL openonce.retention = 'on'")
+                return work(_RetentionCursor(cur, self.dialect))
+
+        return self._with_cursor(in_transaction)
+
+    def wait_for_older_statements(self, timeout: float) -> bool:
+        """Wait until every statement that was running in this database when this is
+        called has ended (True), or ``timeout`` seconds pass (False).
+
+        A new effect's insert checks the tombstones on its statement's snapshot; one that
+        started before the retention's tombstones committed did not see them, and if the
+        retention then deleted the effect, the insert's unique check would wait for that
+        delete and go through. So the retention deletes only once every such statement is
+        over. Sessions of other roles show no ``state`` or ``query_start`` unless the
+        retention's role may read all statistics: for those, the transaction each had open
+        then (its virtual xid in ``pg_locks``, which every role can read) is waited for
+        instead, so the wait is never skipped (an idle transaction of theirs holds it up)."""
+        row = self._with_cursor(lambda cur: cur.execute(_HIDDEN_XIDS).fetchone())
+        since, hidden = row[0], row[1] or []
+        deadline = time.monotonic() + timeout
+        older = (
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            " AND state = 'active' AND query_start < %s"
+            " UNION ALL SELECT count(*) FROM pg_locks"
+            " WHERE locktype = 'virtualxid' AND virtualxid = ANY(%s::text[])"
+        )
+        while True:
+            left = self._with_cursor(
+                lambda cur: sum(r[0] for r in cur.execute(older, (since, hidden)).fetchall())
+            )
+            if not left:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+
     # -- waiting for another process's commit -----------------------------------------------
 
     def watch(self, effect_id: str) -> Watch:
@@ -653,6 +715,34 @@ class PostgresStore(sql.SQLStore):
         a second); a later use reopens, as on SQLite."""
         self._listener_stop.set()
         self.pool.close()
+
+
+# The time, and the open transactions of the sessions whose statements this role may not
+# see (``state`` is NULL for them), by their virtual xid.
+_HIDDEN_XIDS = (
+    "SELECT clock_timestamp(), (SELECT array_agg(l.virtualxid::text) FROM pg_locks l"
+    " JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'virtualxid'"
+    " AND l.granted AND a.datname = current_database() AND a.pid <> pg_backend_pid()"
+    " AND a.state IS NULL)"  # hidden rows show no backend_type either
+)
+
+
+class _RetentionCursor:
+    """The retention's statements inside its transaction (``?`` placeholders)."""
+
+    def __init__(self, cur: Any, dialect: str) -> None:
+        self.cur = cur
+        self.dialect = dialect
+
+    def all(self, query: str, params: Sequence[Any] = ()) -> list[Any]:
+        return list(self.cur.execute(_pg(query), params).fetchall())
+
+    def run(self, query: str, params: Sequence[Any] = ()) -> int:
+        return int(self.cur.execute(_pg(query), params).rowcount)
+
+    def run_many(self, query: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            self.cur.executemany(_pg(query), rows)
 
 
 class _Settled:

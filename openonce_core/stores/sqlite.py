@@ -38,18 +38,26 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import forksafe, schema
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import ConfigurationError
 from ..records import Approval, Effect, JournalEntry
+from ..retention import TOMBSTONE_COLUMNS
 from . import sql
 from .base import WakeBoard, Watch
 
+T = TypeVar("T")
+
+# A new effect, unless its key is taken or the retention archived the key's effect (a
+# tombstone: the call ran long ago and must not run again). The tombstone check is one
+# probe of its primary key, inside the insert's own write transaction, so the retention
+# (a writer too) cannot slip in between.
 _INSERT_EFFECT = (
     f"INSERT INTO openonce_effects ({', '.join(sql.NEW_COLUMNS)})"
-    f" VALUES ({sql.marks(len(sql.NEW_COLUMNS))})"
+    f" SELECT {sql.marks(len(sql.NEW_COLUMNS))}"
+    " WHERE NOT EXISTS (SELECT 1 FROM openonce_tombstones WHERE tool = ? AND idempotency_key = ?)"
     " ON CONFLICT (tool, idempotency_key) WHERE state <> 'released' DO NOTHING"
 )
 
@@ -506,7 +514,7 @@ class SQLiteStore(sql.SQLStore):
 
     def insert(self, effect: Effect, entries: Sequence[JournalEntry]) -> bool:
         row = sql.new_effect_row(effect)
-
+        row += (effect.tool, effect.idempotency_key)
         lines = [sql.journal_row(e) for e in entries]
 
         def work(conn: sqlite3.Connection) -> bool:
@@ -587,6 +595,36 @@ class SQLiteStore(sql.SQLStore):
         self._write(work)
         return claimed
 
+    # -- the retention (openonce_core/retention.py) ------------------------------------------
+
+    def tombstone(self, tool: str, idempotency_key: str) -> Any:
+        """The key's tombstone (``retention.TOMBSTONE_COLUMNS``), or None."""
+        return self._one(
+            f"SELECT {TOMBSTONE_COLUMNS} FROM openonce_tombstones"
+            " WHERE tool = ? AND idempotency_key = ?",
+            (tool, idempotency_key),
+        )
+
+    def retention_write(self, work: Callable[[Any], T]) -> T:
+        """Run ``work(cursor)`` in one write transaction in which the journal's and the
+        approvals' delete triggers stand aside: a grant row, inserted first and deleted
+        before the commit, so no other connection ever sees it."""
+        result: list[T] = []
+
+        def in_transaction(conn: sqlite3.Connection) -> bool:
+            conn.execute("INSERT INTO openonce_retention_grant (token) VALUES ('retention')")
+            result.append(work(_RetentionCursor(conn, self.dialect)))
+            conn.execute("DELETE FROM openonce_retention_grant")
+            return True
+
+        self._write(in_transaction)
+        return result[0]
+
+    def wait_for_older_statements(self, timeout: float) -> bool:
+        """Nothing to wait for: SQLite runs one writer at a time, and an insert checks the
+        tombstones inside its own write transaction."""
+        return True
+
     def watch(self, effect_id: str) -> Watch:
         return Watch(self.board, effect_id, self.clock, poll=self.poll_interval)
 
@@ -596,6 +634,23 @@ class SQLiteStore(sql.SQLStore):
             self._close_all()
         finally:
             self._open_gate()
+
+
+class _RetentionCursor:
+    """The retention's statements inside its transaction (``?`` placeholders)."""
+
+    def __init__(self, conn: sqlite3.Connection, dialect: str) -> None:
+        self.conn = conn
+        self.dialect = dialect
+
+    def all(self, query: str, params: Sequence[Any] = ()) -> list[Any]:
+        return self.conn.execute(query, params).fetchall()
+
+    def run(self, query: str, params: Sequence[Any] = ()) -> int:
+        return self.conn.execute(query, params).rowcount
+
+    def run_many(self, query: str, rows: Sequence[Sequence[Any]]) -> None:
+        self.conn.executemany(query, rows)
 
 
 class InMemoryStore(SQLiteStore):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 from kombu import Exchange, Queue
@@ -22,6 +23,7 @@ from openonce_site.env import (
     env_int,
     env_list,
     env_networks,
+    env_secret,
     env_str,
 )
 
@@ -54,7 +56,7 @@ def state_path(value: str | os.PathLike[str], state_dir: Path, setting: str) -> 
 # dev settings use the checkout, where `make demo` keeps demo.db.
 STATE_DIR = state_path(env_str("OPENONCE_STATE_DIR", os.getcwd()), Path.cwd(), "OPENONCE_STATE_DIR")
 
-SECRET_KEY = env_str("OPENONCE_SECRET_KEY", "")  # dev/test set a default; production requires it
+SECRET_KEY = env_secret("OPENONCE_SECRET_KEY", "")  # dev/test set a default; production requires it
 DEBUG = env_bool("OPENONCE_DEBUG", False)
 ALLOWED_HOSTS = env_list("OPENONCE_ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
 CSRF_TRUSTED_ORIGINS = env_list("OPENONCE_CSRF_TRUSTED_ORIGINS", [])
@@ -150,7 +152,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Secret-field digests are HMAC-SHA256 keyed with this pepper (the same value the agents
 # give OpenOnce(secret_pepper=...)); without one a short secret can be recovered from its
 # digest by trying every value.
-OPENONCE_SECRET_PEPPER = env_str("OPENONCE_SECRET_PEPPER", "")
+OPENONCE_SECRET_PEPPER = env_secret("OPENONCE_SECRET_PEPPER", "")
 if OPENONCE_SECRET_PEPPER and len(OPENONCE_SECRET_PEPPER) < 32:
     raise ImproperlyConfigured("OPENONCE_SECRET_PEPPER must be at least 32 characters")
 # The core's own connection pool per process (Django's is OPENONCE_DB_POOL_MAX). The
@@ -322,6 +324,15 @@ OPENONCE_SWEEP_SPREAD = env_int("OPENONCE_SWEEP_SPREAD", 8, minimum=1)
 # delays those effects by at most this long; a batch still queued after it may be
 # handed out again (the fenced decisions keep that harmless).
 OPENONCE_DISPATCH_TTL = env_float("OPENONCE_DISPATCH_TTL", 60.0, positive=True)
+# Backpressure: a tick queues no new batches while more than this many wait in the
+# openonce.batches queue (reconciler/queue.py); it would only queue, behind them, effects
+# those batches already carry. The default keeps one batch ready for each of the
+# OPENONCE_SWEEP_SPREAD workers a tick spreads its work over, so a worker that frees up
+# finds one without waiting for a tick; with more worker processes than that, set it
+# near their total concurrency. 0: a tick queues only into an empty queue.
+OPENONCE_DISPATCH_MAX_QUEUED = env_int(
+    "OPENONCE_DISPATCH_MAX_QUEUED", OPENONCE_SWEEP_SPREAD, minimum=0
+)
 OPENONCE_SWEEP_RETENTION_DAYS = env_int("OPENONCE_SWEEP_RETENTION_DAYS", 14, minimum=1)
 # After a beat or reconcile --watch starts, "no sweep yet" is not unhealthy for this long.
 OPENONCE_HEALTH_STARTUP_GRACE = env_float("OPENONCE_HEALTH_STARTUP_GRACE", 60.0)
@@ -415,6 +426,27 @@ OPENONCE_NOTIFY_ALLOW_PRIVATE = env_bool("OPENONCE_NOTIFY_ALLOW_PRIVATE", False)
 OPENONCE_NOTIFY_ALLOWED_HOSTS = env_list("OPENONCE_NOTIFY_ALLOWED_HOSTS", [])
 DEFAULT_FROM_EMAIL = env_str("OPENONCE_MAIL_FROM", "openonce@localhost")
 
+# -- retention: archive, then delete, old terminal effects (reconciler/retention.py) -----
+# Off by default: archiving deletes ledger rows and sets a dedup horizon (a duplicate of
+# an archived call is refused with EffectArchivedError instead of replayed), so how long
+# to keep effects, and where the archives go (a disk that is backed up), is the operator's
+# decision. Days after an effect's last change; 0 keeps everything.
+OPENONCE_RETENTION_DAYS = env_int("OPENONCE_RETENTION_DAYS", 0, minimum=0)
+OPENONCE_RETENTION_ARCHIVE_DIR = state_path(
+    env_str("OPENONCE_RETENTION_ARCHIVE_DIR", "archive"),
+    STATE_DIR,
+    "OPENONCE_RETENTION_ARCHIVE_DIR",
+)
+OPENONCE_RETENTION_BATCH = env_int("OPENONCE_RETENTION_BATCH", 500, minimum=1)  # per commit
+OPENONCE_RETENTION_PAUSE = env_float("OPENONCE_RETENTION_PAUSE", 0.05)  # seconds between
+OPENONCE_RETENTION_HOUR = env_int("OPENONCE_RETENTION_HOUR", 3)  # UTC hour of the daily run
+if OPENONCE_RETENTION_HOUR > 23:
+    raise ImproperlyConfigured("OPENONCE_RETENTION_HOUR must be 0 to 23")
+if OPENONCE_RETENTION_BATCH > 10000:
+    raise ImproperlyConfigured("OPENONCE_RETENTION_BATCH must be 1 to 10000")
+if OPENONCE_RETENTION_DAYS > 36500:
+    raise ImproperlyConfigured("OPENONCE_RETENTION_DAYS must be 0 to 36500")
+
 # The one place the periodic work is declared.
 CELERY_BEAT_SCHEDULE = {
     "openonce-notify": {
@@ -428,5 +460,12 @@ CELERY_BEAT_SCHEDULE = {
         # A tick not picked up before the next one is pointless: drop it, the next
         # tick selects the same due effects again.
         "options": {"expires": OPENONCE_SWEEP_INTERVAL},
+    },
+    # Daily: expired console sessions always; the ledger's retention when
+    # OPENONCE_RETENTION_DAYS is set. A run bounded by the task's time limit queues the rest.
+    "openonce-retention": {
+        "task": "openonce.retention",
+        "schedule": crontab(hour=OPENONCE_RETENTION_HOUR, minute=17),
+        "options": {"expires": 3600},
     },
 }

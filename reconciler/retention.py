@@ -1,0 +1,71 @@
+"""The daily retention task: expired console sessions, then the ledger's retention.
+
+Beat queues ``openonce.retention`` once a day (``CELERY_BEAT_SCHEDULE``). It always
+deletes expired Django sessions (what ``manage.py clearsessions`` does). When
+``OPENONCE_RETENTION_DAYS`` is set, it also archives, then deletes, the terminal effects
+last changed longer ago than that, with their journal lines, approvals and the notifier's
+deliveries (kept in the archive line under ``"deliveries"``), through the core
+(``openonce_core.retention``): archives go to ``OPENONCE_RETENTION_ARCHIVE_DIR``.
+
+A run is bounded by half the task's soft time limit; when more is left it queues the
+next run, so any daily volume is archived in a chain of bounded tasks. Two runs at once
+(a re-queued one and beat's) do no harm: each batch locks and re-reads its rows, and an
+effect is archived once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from importlib import import_module
+
+from celery import shared_task
+from django.conf import settings
+
+from notifications.retention import archive_deliveries, forget_deliveries
+from openonce_core.retention import RetentionPolicy, RetentionReport, run_retention
+from openonce_site.ledger import get_openonce
+
+log = logging.getLogger("openonce.retention")
+
+DAY = 86400.0
+
+
+@shared_task(name="openonce.retention", ignore_result=True)
+def retention() -> None:
+    """Beat's daily task (see the module docstring)."""
+    clear_expired_sessions()
+    report = archive_old_effects()
+    if report is not None and report.more:
+        retention.apply_async(countdown=1)  # the rest, in a run of its own
+
+
+def clear_expired_sessions() -> None:
+    """``manage.py clearsessions``: a session engine that cannot list its sessions (the
+    cache or signed cookies) expires them on its own."""
+    engine = import_module(settings.SESSION_ENGINE)
+    with contextlib.suppress(NotImplementedError):
+        engine.SessionStore.clear_expired()
+
+
+def archive_old_effects() -> RetentionReport | None:
+    """One bounded run of the ledger's retention; None when it is off."""
+    days = settings.OPENONCE_RETENTION_DAYS
+    if not days:
+        return None
+    policy = RetentionPolicy(
+        older_than=days * DAY,
+        batch_size=settings.OPENONCE_RETENTION_BATCH,
+        pause=settings.OPENONCE_RETENTION_PAUSE or 0.0,
+        max_seconds=settings.CELERY_TASK_SOFT_TIME_LIMIT / 2,
+    )
+    report = run_retention(
+        get_openonce().store,
+        policy,
+        settings.OPENONCE_RETENTION_ARCHIVE_DIR,
+        deliveries=archive_deliveries,
+        forget_deliveries=forget_deliveries,
+    )
+    if report.effects or report.kept:
+        log.info("retention: %s", report)
+    return report

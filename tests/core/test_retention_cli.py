@@ -1,0 +1,112 @@
+"""`openonce retention`, run as a user runs it: a subprocess against a real ledger."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+
+import pytest
+
+from openonce_core import OpenOnce, open_store
+from openonce_core.errors import EffectArchivedError
+from openonce_core.testing import FakeClock
+from tests.core.test_cli import openonce
+
+DAY = 86400.0
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "cli.db")
+    return request.getfixturevalue("pg_dsn")
+
+
+def _history(db: str) -> tuple[OpenOnce, list[str]]:
+    """Two refunds 100 days old (the command reads the ledger's own clock) and one new."""
+    assert openonce(db, "migrate").returncode == 0
+    clock = FakeClock(start=time.time() - 100 * DAY)
+    oo = OpenOnce(db, retry_delay=0, clock=clock)
+    calls: list[str] = []
+
+    @oo.effect(tool="stripe.refund", idempotency_key=lambda order: order)
+    def refund(order: str) -> str:
+        calls.append(order)
+        return "re_" + order
+
+    refund("o-1")
+    refund("o-2")
+    clock.set(time.time())
+    refund("o-new")
+    oo.refund = refund  # type: ignore[attr-defined]
+    return oo, calls
+
+
+def test_archives_then_imports_back(db, tmp_path) -> None:
+    oo, calls = _history(db)
+    archives = tmp_path / "archives"
+
+    dry = openonce(db, "retention", "--older-than", "90d", "--archive-dir", str(archives),
+                   "--dry-run")  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    assert "would archive 2 effect(s), 4 journal line(s)" in dry.stdout
+    assert not archives.exists() and len(oo.store.list_effects()) == 3
+
+    done = openonce(db, "retention", "--older-than", "90d", "--archive-dir", str(archives),
+                    "--batch", "1", "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["effects"], report["journal_lines"], report["batches"]) == (2, 4, 2)
+    (path,) = report["archives"]
+    with gzip.open(path, "rt") as f:
+        assert sorted(json.loads(line)["effect"]["args"]["order"] for line in f) == ["o-1", "o-2"]
+    with pytest.raises(EffectArchivedError):
+        oo.refund("o-1")  # type: ignore[attr-defined]
+
+    back = openonce(db, "retention", "import", path)
+    assert back.returncode == 0, back.stderr
+    assert "imported 2 effect(s), 4 journal line(s), 0 approval(s)" in back.stdout
+    assert oo.refund("o-1") == "re_o-1"  # type: ignore[attr-defined]
+    assert calls == ["o-1", "o-2", "o-new"]
+    again = openonce(db, "retention", "import", path)
+    assert "skipped 2 effect(s) already in the ledger" in again.stdout
+    oo.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--older-than", "90", "--archive-dir", "A"], "is not a duration"),
+        (["--older-than", "90x", "--archive-dir", "A"], "is not a duration"),
+        (["--older-than", "0d", "--archive-dir", "A"], "more than 0"),
+        (["--older-than=-5d", "--archive-dir", "A"], "more than 0"),
+        (["--older-than", "nand", "--archive-dir", "A"], "more than 0"),
+        (["--older-than", "90d", "--archive-dir", "A", "--batch", "0"], "1 to 10000"),
+        (["--older-than", "90d"], "required: --archive-dir"),
+        (["--archive-dir", "A"], "required: --older-than"),
+        (["import"], "FILE"),
+    ],
+)
+def test_bad_input_is_refused_with_exit_2_and_changes_nothing(tmp_path, args, says) -> None:
+    db = str(tmp_path / "cli.db")  # argument checks come before any store is opened
+    oo, _ = _history(db)
+    args = [str(tmp_path / "A") if a == "A" else a for a in args]
+    done = openonce(db, "retention", *args)
+    assert done.returncode == 2
+    assert says in done.stderr
+    assert len(oo.store.list_effects()) == 3 and not (tmp_path / "A").exists()
+    oo.close()
+
+
+def test_an_archive_that_cannot_be_imported_is_refused_with_exit_1(db, tmp_path) -> None:
+    oo, _ = _history(db)
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(b"plain text")
+    done = openonce(db, "retention", "import", str(bad))
+    assert done.returncode == 1
+    assert "not a gzip archive" in done.stderr
+    store = open_store(db)
+    assert len(store.list_effects()) == 3
+    store.close()
+    oo.close()
