@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol, TypeVar
 
+from . import schema
 from .canonical import dumps
 from .clock import Clock
 from .errors import OpenOnceError
@@ -269,6 +270,7 @@ def _retention_store(store: Any) -> RetentionStore:
         raise TypeError(
             f"{type(store).__name__} has no retention: use the SQLite, in-memory or Postgres store"
         )
+    schema.require_current(store.schema_version())  # a ledger never migrated: say so
     return store  # type: ignore[no-any-return]
 
 

@@ -25,14 +25,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import forksafe
+from . import forksafe, schema
 from .bridge import run_on_loop
 from .calls import CallPath
 from .classify import Classifier
 from .clock import Clock
 from .contracts import Contracts
 from .decisions import Decisions
-from .errors import ConfigurationError, OpenOnceError, SchemaVersionError
+from .errors import ConfigurationError, OpenOnceError
 from .keys import Call, Spec, check_text, make_spec, prepare
 from .leases import LeaseKeeper, process_owner
 from .ledger import Ledger
@@ -40,7 +40,6 @@ from .observe import Observer
 from .policy import ALLOW, Policy
 from .providers import Capability, CapabilityMatrix
 from .records import Effect
-from .schema import SCHEMA_VERSION
 from .states import EffectState
 from .stores import open_store
 from .stores.base import Store
@@ -343,12 +342,7 @@ class OpenOnce(Contracts, CallPath, Decisions):
 
 
 def _check_schema(store: Store) -> None:
-    version = store.schema_version()
-    if version != SCHEMA_VERSION:
-        raise SchemaVersionError(
-            f"ledger schema is at version {version}, this OpenOnce needs {SCHEMA_VERSION};"
-            " run `openonce --db DSN migrate`"
-        )
+    schema.require_current(store.schema_version())
 
 
 MAX_OWNER = 256

@@ -310,6 +310,18 @@ def current_version(cursor: Cursor) -> int:
     return (row[0] if row else 0) or 0
 
 
+def require_current(version: int) -> None:
+    """Refuse a ledger whose schema is not this code's (a new file never migrated, or one a
+    newer OpenOnce wrote), with what to do about it."""
+    from .errors import SchemaVersionError
+
+    if version != SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"ledger schema is at version {version}, this OpenOnce needs {SCHEMA_VERSION};"
+            " run `openonce --db DSN migrate`"
+        )
+
+
 def apply(cursor: Cursor, dialect: str) -> tuple[int, int]:
     """Bring the ledger schema up to SCHEMA_VERSION through ``cursor``, inside the caller's
     transaction. Returns (version before, version after). Used by the stores' ``migrate``

@@ -110,3 +110,22 @@ def test_an_archive_that_cannot_be_imported_is_refused_with_exit_1(db, tmp_path)
     assert len(store.list_effects()) == 3
     store.close()
     oo.close()
+
+
+def test_a_ledger_never_migrated_is_named_and_left_alone(tmp_path) -> None:
+    """A new SQLite file: every command says to migrate it; retention and import too, and
+    neither creates the archive folder or the ledger's tables."""
+    db = str(tmp_path / "new.db")
+    folder = tmp_path / "archive"
+    for args in (
+        ["--older-than", "30d", "--archive-dir", str(folder)],
+        ["import", str(tmp_path / "missing.jsonl.gz")],
+    ):
+        done = openonce(db, "retention", *args)
+        assert done.returncode == 1, done.stderr
+        assert "ledger schema is at version 0" in done.stderr
+        assert "openonce --db DSN migrate" in done.stderr
+    assert not folder.exists()
+    store = open_store(db)  # opening does not migrate: still version 0
+    assert store.schema_version() == 0
+    store.close()
