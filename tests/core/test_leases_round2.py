@@ -528,3 +528,40 @@ def test_a_probe_pause_written_an_hour_ahead_ends_on_time_after_the_clock_steps_
     assert rec.run_once().rearmed == [effect_id]  # not an hour later
     assert len(answers) == 2
     assert oo.get(effect_id).state == S.PLANNED
+
+
+class _CountingEvent:
+    """An event nobody sets until ``sets_after`` waits: records each real-time pause."""
+
+    def __init__(self, clock: FakeClock, sets_after: int, advance_at: int | None = None):
+        self.clock, self.sets_after, self.advance_at = clock, sets_after, advance_at
+        self.pauses: list[float] = []
+
+    def is_set(self) -> bool:
+        return len(self.pauses) >= self.sets_after
+
+    def wait(self, timeout: float) -> bool:
+        self.pauses.append(timeout)
+        if self.advance_at is not None and len(self.pauses) == self.advance_at:
+            self.clock.advance(1)  # the test moves the clock: look often again
+        return False
+
+
+def test_a_thread_waiting_on_a_still_fake_clock_backs_off_but_answers_its_event() -> None:
+    """A lease keeper a test left behind waits on a FakeClock that never moves again: it
+    must not wake 500 times a second for ever (a hundred such threads starved the suite of
+    the interpreter lock), yet notice a clock step within 50 ms of real time."""
+    clock = FakeClock()
+    still = _CountingEvent(clock, sets_after=12)
+    assert clock.wait(still, 3600) is True  # set by "another thread" after 12 looks
+    assert still.pauses[:5] == [0.002, 0.004, 0.008, 0.016, 0.032]
+    assert still.pauses[5:] == [0.05] * 7  # never longer than 50 ms
+
+    moving = _CountingEvent(clock, sets_after=10, advance_at=6)
+    assert clock.wait(moving, 3600) is True
+    assert moving.pauses[6] == 0.002  # the clock moved: back to looking every 2 ms
+
+    real = threading.Event()
+    real.set()
+    assert clock.wait(real, 3600) is True  # a set event answers at once
+    assert clock.wait(threading.Event(), 0) is False  # a deadline already reached
