@@ -52,7 +52,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from daemon import database_url
-from ledger import code_revision, say
+from hotpath import code_revision, say
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_PG = "postgresql://root@127.0.0.1:5432/test"

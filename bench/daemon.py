@@ -54,7 +54,7 @@ from urllib.parse import quote
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ledger import code_revision, say
+from hotpath import code_revision, say
 from reconcile import CREATE_THREADS, create_unknown, verify
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

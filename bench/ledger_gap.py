@@ -2,7 +2,7 @@
 
 For SQLite and Postgres, three sides run interleaved in chunks, in one run:
 
-* ``raw``: bench/ledger.py's raw client, an INSERT and an UPDATE of a bare row, each its own
+* ``raw``: bench/hotpath.py's raw client, an INSERT and an UPDATE of a bare row, each its own
   durable commit;
 * ``statements``: the very statements OpenOnce sends for one new effect (captured from a
   real call), replayed on a bare connection with a fresh id and key each time. What it adds
@@ -38,7 +38,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ledger import (
+from hotpath import (
     _RAW_INSERT,
     _RAW_UPDATE,
     Handler,

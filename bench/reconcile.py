@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ledger import code_revision, open_pg, pg_schema, say
+from hotpath import code_revision, open_pg, pg_schema, say
 
 from openonce_core import OpenOnce
 from openonce_core.errors import OutcomeUnknownError

@@ -1,6 +1,6 @@
 """What each of the console's search indexes (schema v3) costs the agent's hot path.
 
-The hot path's write is bench/ledger.py's raw new effect: an ``INSERT ... ON CONFLICT
+The hot path's write is bench/hotpath.py's raw new effect: an ``INSERT ... ON CONFLICT
 DO NOTHING`` of a row shaped like the core's and one ``UPDATE`` of it to committed, each
 its own durable commit. Here it runs against copies of ``openonce_effects`` that differ
 only in their indexes, in one Postgres schema, interleaved in chunks of CHUNK calls (the
@@ -29,7 +29,7 @@ import uuid
 from contextlib import contextmanager
 from typing import Any
 
-from ledger import _RAW_INSERT, _RAW_UPDATE, _pg, raw_new, say
+from hotpath import _RAW_INSERT, _RAW_UPDATE, _pg, raw_new, say
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

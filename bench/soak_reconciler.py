@@ -62,7 +62,7 @@ PRELOAD = (
     "csv", "io", "html", "html.parser", "xml.etree.ElementTree", "getpass", "pwd", "grp",
     "errno", "stat", "warnings", "atexit", "threading", "multiprocessing", "ctypes",
 )  # fmt: skip
-PROJECT = ("openonce_core", "reconciler", "console", "notifications", "openonce_site")
+PROJECT = ("openonce_core", "ledger", "reconciler", "console", "notifications", "openonce_site")
 
 
 def preload() -> None:
@@ -87,7 +87,7 @@ def preload() -> None:
         importlib.import_module("tests.support.provider_probers")
     import celery.app.trace  # noqa: F401  (also what a prefork worker would import)
 
-    from openonce_site.ledger import get_reconciler
+    from ledger.clients import get_reconciler
 
     reconciler = get_reconciler()
     reconciler.oo.store.list_effects(None, 1)  # opens this thread's ledger connection

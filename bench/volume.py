@@ -15,15 +15,16 @@ dropped at the end unless ``--keep``), each migrated by Django's ``migrate``:
    denied, created evenly over the last 365 days; then both get ``VACUUM (ANALYZE)`` and a
    ``CHECKPOINT``, and their working set's backoff is re-armed;
 3. each figure is taken on the two ledgers in turns, so a busy moment of the machine lands
-   on both: new effects/s through the real ``OpenOnce`` decorator (``bench/ledger.py``'s),
+   on both: new effects/s through the real ``OpenOnce`` decorator (``bench/hotpath.py``'s),
    the notifier's tick (``notifications.dispatch.tick``, a few new effects before each),
    a ``/metrics`` scrape, the daemon's ``due()`` over the working set, the console's queue
    and two effect lists (``bench/console.py``'s timing), through Django in this process;
 4. the full ledger's bytes per effect, per table and per index;
 5. the retention (``openonce_core.retention``) archives the ``--archive`` (20,000) oldest
-   effects of the full ledger in another process, in batches, while this one creates new
-   effects on both ledgers in turns: its effects archived per second, and the hot path's
-   rate meanwhile.
+   effects of the full ledger in another process, with the daily task's default policy
+   (paced), while this one creates new effects on both ledgers in turns: its effects
+   archived per second, the hot path's rate meanwhile (pairs that ran wholly during it),
+   and after it, through the same sessions.
 
 The budget (issue 19): every figure on the full ledger within 1.2x of the empty one. Usage::
 
@@ -53,17 +54,32 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-# The project root before bench/: bench/console.py must not shadow the console app.
+# The project root before bench/: bench/console.py must not shadow the Django app of the
+# same name.
 sys.path.insert(0, ROOT)
 
-from daemon import database_url  # noqa: E402
-from ledger import Handler, Keys, code_revision, make_effect, open_pg, ours_new, say  # noqa: E402
+
+def bench_module(name: str) -> ModuleType:
+    """bench/NAME.py as ``bench_NAME``, leaving ``NAME`` to the project's app of that name."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(HERE, f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCH_LEDGER = bench_module("hotpath")
+Handler, Keys, open_pg = BENCH_LEDGER.Handler, BENCH_LEDGER.Keys, BENCH_LEDGER.open_pg
+make_effect, ours_new = BENCH_LEDGER.make_effect, BENCH_LEDGER.ours_new
+code_revision, say = BENCH_LEDGER.code_revision, BENCH_LEDGER.say
+database_url = bench_module("daemon").database_url
 
 DEFAULT_PG = "postgresql://root@127.0.0.1:5432/test"
 DAY = 86400.0
@@ -372,13 +388,8 @@ def settle(dsn: str, checkpoint: bool) -> float:
 
 @functools.cache
 def console() -> ModuleType:
-    """bench/console.py, under a name that leaves ``console`` to the Django app."""
-    spec = importlib.util.spec_from_file_location("bench_console", os.path.join(HERE, "console.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """bench/console.py (``bench_console``)."""
+    return bench_module("console")
 
 
 @dataclass
@@ -423,7 +434,7 @@ KEYS = Keys()  # one allocator for every client: no key is ever used twice
 
 
 class HotPath:
-    """New effects through the real decorator (bench/ledger.py's handler and effect)."""
+    """New effects through the real decorator (bench/hotpath.py's handler and effect)."""
 
     def __init__(self, dsn: str) -> None:
         self.oo = open_pg(dsn)
@@ -476,7 +487,7 @@ class Pages:
 class Ledger:
     """One of the two databases and the clients that measure it. Django has one database,
     ``default``, and ``active`` points it here; the core's clients behind /metrics and
-    due() (``openonce_site.ledger``) are kept per database, so they follow."""
+    due() (``ledger.clients``) are kept per database, so they follow."""
 
     def __init__(self, phase: str, name: str, admin_dsn: str) -> None:
         from psycopg.conninfo import make_conninfo
@@ -552,7 +563,7 @@ def due_call(runs: int, warmup: int) -> list[float]:
     """The sweep's question, as the daemon asks it (its reconciler, its limit)."""
     from django.conf import settings
 
-    from openonce_site.ledger import get_reconciler
+    from ledger.clients import get_reconciler
 
     reconciler = get_reconciler()
     found: list[int] = []
@@ -579,6 +590,7 @@ NOTIFY_CHANNEL = {
     "tools": ["stripe.*"],
 }
 DURING = "new effects/s while retention runs"
+AFTER = "new effects/s after the retention"
 RETENTION_RATE = "retention: effects archived/s"
 
 
@@ -630,6 +642,8 @@ class Retention:
     seconds: float = 0.0  # wall clock of the whole run
     archive_bytes: int = 0
     during: Row = field(default_factory=lambda: Row(DURING, "/s"))
+    # Through the sessions that ran beside it: a plan they kept from before it would show.
+    after: Row = field(default_factory=lambda: Row(AFTER, "/s"))
 
     @property
     def rate(self) -> float:
@@ -658,30 +672,46 @@ def oldest(dsn: str, count: int) -> float:
     return float(row[0]) if row else time.time()
 
 
-def _retention_child(dsn: str, older_than: float, folder: str, now: float, out: Any) -> None:
+def retention_policy() -> Any:
+    """The daily task's policy as the settings give it (``reconciler.retention``); the
+    bench picks its age."""
+    from reconciler.retention import retention_policy
+
+    return retention_policy(DAY)
+
+
+def _retention_child(
+    dsn: str, policy: Any, folder: str, now: float, started: Any, out: Any
+) -> None:
     """The retention in a process of its own, as the beat task runs it in production: a
-    thread would share this interpreter's lock with the calls being timed."""
-    from openonce_core.retention import RetentionPolicy, run_retention
+    thread would share this interpreter's lock with the calls being timed. ``started`` is
+    set once it is ready to run (imports and connections are not the retention's work);
+    its answer carries the monotonic times (system-wide on Linux) the run began and ended."""
+    from openonce_core.retention import run_retention
     from openonce_core.stores.postgres import PostgresStore
 
     store = PostgresStore(dsn)
-    start = time.perf_counter()
+    store.schema_version()  # connected before the run begins
+    started.set()
+    start = time.monotonic()
     try:
-        report = run_retention(
-            store, RetentionPolicy(older_than=older_than, batch_size=500), archive_dir=folder,
-            now=now,
-        )  # fmt: skip
-        out.put(("ok", report.effects, report.journal_lines, time.perf_counter() - start))
+        report = run_retention(store, policy, archive_dir=folder, now=now)
+        out.put(("ok", report.effects, report.journal_lines, start, time.monotonic()))
     except Exception as exc:  # shown in the table, not lost in the child
-        out.put(("error", f"{type(exc).__name__}: {exc}", 0, time.perf_counter() - start))
+        out.put(("error", f"{type(exc).__name__}: {exc}", 0, start, time.monotonic()))
     finally:
         store.close()
 
 
-def run_retention_during(empty: Ledger, full: Ledger, archive: int, calls: int) -> Retention:
-    """The retention on the full ledger in another process, in batches of 500; this process
-    creates new effects meanwhile, in blocks of ``calls`` on the full and the empty ledger in
-    turn."""
+def run_retention_during(
+    empty: Ledger, full: Ledger, archive: int, sizes: Sizes, policy: Any
+) -> Retention:
+    """The retention on the full ledger in another process, with ``policy`` (its age set
+    to take the ``archive`` oldest effects); this process creates new effects meanwhile, in
+    blocks of a quarter round on the two ledgers, a pair at a time, the order alternating.
+    Only pairs whose two blocks both ran while the retention did are counted: the child's
+    start-up, and a block that ended after the run, would favour one side. Then new
+    effects in rounds again, through the same sessions."""
     import multiprocessing
 
     if retention_api() is None:
@@ -692,25 +722,30 @@ def run_retention_during(empty: Ledger, full: Ledger, archive: int, calls: int) 
     folder = tempfile.mkdtemp(prefix="openonce-volume-archive-")
     out = Retention(available=True)
     context = multiprocessing.get_context("spawn")
-    answers = context.Queue()
+    answers, started = context.Queue(), context.Event()
     child = context.Process(
-        target=_retention_child, args=(full.dsn, older_than, folder, now, answers),
-        name="retention",
+        target=_retention_child, name="retention",
+        args=(full.dsn, replace(policy, older_than=older_than), folder, now, started, answers),
     )  # fmt: skip
-    samples: dict[str, list[float]] = {"empty": [], "full": []}
     try:
         child.start()
+        while not started.wait(0.05):
+            if not child.is_alive():
+                break
+        pairs, block = [], sizes.calls // 4
         while child.is_alive() and answers.empty():
-            for ledger in (full, empty):
-                samples[ledger.phase].append(ledger.hot.rate(calls))
-        kind, first, lines, seconds = answers.get(timeout=600)
-        child.join()
-        out.during.samples = samples
-        out.seconds = seconds
-        if kind == "error":
-            out.error = first
+            order = (full, empty) if len(pairs) % 2 == 0 else (empty, full)
+            pairs.append([(ledger.phase, *timed_block(ledger, block)) for ledger in order])
+        answer = answer_of(child, answers)
+        out.during.samples = during(pairs, answer[3], answer[4])
+        out.seconds = answer[4] - answer[3]
+        if answer[0] == "error":
+            out.error = answer[1]
             return out
-        out.effects, out.journal_lines = first, lines
+        out.effects, out.journal_lines = answer[1], answer[2]
+        out.after.samples = interleave(
+            [empty, full], sizes.rounds, lambda ledger: [ledger.hot.rate(sizes.calls)]
+        )
         out.archive_bytes = sum(
             os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files
         )
@@ -719,6 +754,36 @@ def run_retention_during(empty: Ledger, full: Ledger, archive: int, calls: int) 
             child.terminate()
         shutil.rmtree(folder, ignore_errors=True)
     return out
+
+
+def timed_block(ledger: Ledger, calls: int) -> tuple[float, float, float]:
+    """``calls`` new effects on ``ledger``: their rate and the monotonic start and end."""
+    start = time.monotonic()
+    rate = ledger.hot.rate(calls)
+    return rate, start, time.monotonic()
+
+
+def answer_of(child: Any, answers: Any) -> tuple[Any, ...]:
+    """The retention child's answer; one that died without answering is an error."""
+    import queue
+
+    child.join(timeout=600)
+    try:
+        return tuple(answers.get(timeout=5))
+    except queue.Empty:
+        return ("error", f"the retention process ended without an answer (exit code"
+                f" {child.exitcode})", 0, 0.0, 0.0)  # fmt: skip
+
+
+def during(pairs: list[list[tuple[str, float, float, float]]], begin: float, end: float
+           ) -> dict[str, list[float]]:  # fmt: skip
+    """Each ledger's rates from the pairs that ran wholly between ``begin`` and ``end``."""
+    samples: dict[str, list[float]] = {"empty": [], "full": []}
+    for pair in pairs:
+        if all(begin <= start and stop <= end for _, _, start, stop in pair):
+            for phase, rate, _, _ in pair:
+                samples[phase].append(rate)
+    return samples
 
 
 # -- sizes ----------------------------------------------------------------------------------
@@ -844,6 +909,7 @@ def render(rows: dict[str, Row], retention: Retention, sizes: Bytes, info: dict[
         out.append(f"retention: failed: {retention.error}")
     else:
         out.append(_row_line(retention.during))
+        out.append(_row_line(retention.after))
         out.append(
             _line(
                 RETENTION_RATE,
@@ -857,12 +923,13 @@ def render(rows: dict[str, Row], retention: Retention, sizes: Bytes, info: dict[
     out += [
         "full/empty: the full ledger's cost over the empty one's (the p95 of a time; for a",
         "rate, the empty ledger's median over the full one's). While the retention runs, both",
-        "ledgers take new effects in turns. The retention's budget is 10M effects a day",
-        f"({INGEST:.0f}/s): slower than that, it never catches up.",
+        "ledgers take new effects in turns, and after it, through the same sessions. The",
+        f"retention's budget is 10M effects a day ({INGEST:.0f}/s): slower than that, it never",
+        "catches up.",
         "",
         "details (empty | full):",
     ]
-    every = [*rows.values(), *([retention.during] if retention.during.samples else [])]
+    every = [*rows.values(), *(r for r in (retention.during, retention.after) if r.samples)]
     for row in every:
         out.append(f"  {row.name}: {_detail(row, 'empty')} | {_detail(row, 'full')}")
     if retention.effects:
@@ -1020,8 +1087,9 @@ def run(args: argparse.Namespace) -> str:
             rows = measure(ledgers, sizes, args.backoff)
             sizes_full = measure_bytes(full.dsn)
             say("retention on the full ledger, new effects on both meanwhile ...")
-            retention = run_retention_during(empty, full, min(args.archive, args.effects),
-                                             sizes.calls // 4)  # fmt: skip
+            retention = run_retention_during(
+                empty, full, min(args.archive, args.effects), sizes, retention_policy()
+            )
             if retention.effects:
                 sizes_full.tombstone_bytes = tombstone_bytes(full.dsn) / retention.effects
         finally:

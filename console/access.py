@@ -19,8 +19,8 @@ from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 from django.utils.cache import add_never_cache_headers
 
-from openonce_site.logsafe import one_line
-from openonce_site.middleware import forwarded_client
+from ledger.logsafe import one_line
+from ledger.net import forwarded_client
 
 security_log = logging.getLogger("openonce.security")
 

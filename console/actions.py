@@ -18,6 +18,7 @@ from typing import Any
 from django import forms
 from django.core import signing
 
+from ledger.clients import get_openonce
 from openonce_core import (
     ApproverAlreadyCounted,
     EffectChangedError,
@@ -31,7 +32,6 @@ from openonce_core.probe import ProbeOutcome, ProbeResult
 from openonce_core.records import Effect as CoreEffect
 from openonce_core.redact import redact_text
 from openonce_core.states import MOVES, EffectState
-from openonce_site.ledger import get_openonce
 
 from . import forms as console_forms
 from . import selectors

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.http import HttpResponse
 
-from .models import JournalEntry
+from ledger.models import JournalEntry
 
 COLUMNS = ("seq", "at", "effect_id", "actor", "from_state", "to_state", "reason", "evidence")
 

@@ -26,7 +26,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
-from openonce_site.logsafe import one_line
+from ledger.logsafe import one_line
 
 from . import signin
 from .access import client_address, permission_required, security_log

@@ -1,7 +1,7 @@
 """Every query the console runs, each bounded by a LIMIT and served by an index of the
 ledger schema (``openonce_core/schema.py``; the index is named beside each query).
 
-Reads only: decisions go through ``openonce_site.ledger.get_openonce()``.
+Reads only: decisions go through ``ledger.clients.get_openonce()``.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from django.db import connection
 from django.db.models import BooleanField, Min, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
+from ledger.clients import get_grace, get_openonce, get_reconciler
+from ledger.models import Approval, Effect, JournalEntry
 from openonce_core.due import count_overdue_unknown, overdue_unknown
 from openonce_core.providers import TIERS, Capability, readiness_problems
 from openonce_core.states import TERMINAL, EffectState
-from openonce_site.ledger import get_grace, get_openonce, get_reconciler
 from reconciler.health import Health, reconciler_health
 
 from .context import Fact, Requester, Verdict, amounts, customer, probe_verdict, requester
-from .models import Approval, Effect, JournalEntry
 from .search import Search
 
 S = EffectState

@@ -26,6 +26,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
 from django_htmx.middleware import HtmxDetails
 
+from ledger.models import Effect
 from notifications.selectors import deliveries_for
 
 from . import actions, exports, lockouts, selectors
@@ -39,7 +40,6 @@ from .forms import (
     BulkPreviewForm,
     EffectFilterForm,
 )
-from .models import Effect
 from .roles import (
     APPROVE,
     CANCEL,

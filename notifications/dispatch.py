@@ -25,7 +25,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.urls import reverse
 
-from console.models import Effect, JournalEntry
+from ledger.models import Effect, JournalEntry
 
 from . import config, senders
 from .models import Delivery, JournalCursor

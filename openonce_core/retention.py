@@ -2,7 +2,9 @@
 
 Nothing else ever deletes from the ledger. A run walks the terminal effects (committed,
 failed, denied, cancelled, released: ``states.TERMINAL``) whose last change is older than
-``RetentionPolicy.older_than`` on the ledger's clock, oldest first through the
+``RetentionPolicy.older_than`` on the ledger's clock (measured from the ledger's newest
+change when the clock reads later than it: a clock stepped forward must not make recent
+effects old, see ``_cutoff``), oldest first through the
 ``(state, updated_at, id)`` index, in batches of ``batch_size``. Each batch is three short
 steps, so an agent's statement never waits long behind it:
 
@@ -35,7 +37,8 @@ On SQLite the journal's ``seq`` is its rowid, handed out as ``max + 1``: deletin
 newest line would give its number out again (and the notifier, whose cursor is past it,
 would skip the new line). The effect owning the newest line is left for a later run.
 
-The archive is one file per run, ``openonce-archive-<UTC time>-<random>.jsonl.gz``: gzip
+The archive is one file per run, ``openonce-archive-<UTC time>-<64 random bits>.jsonl.gz``,
+created exclusively (a name another run took is never appended to: ``_Archive._create``): gzip
 members (one per batch) of JSON lines, one line per effect::
 
     {"archive_format": 1, "archived_at": 1767225600.0, "tombstone": true,
@@ -56,7 +59,6 @@ import gzip
 import json
 import math
 import os
-import time
 import uuid
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -66,7 +68,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 from . import schema
 from .canonical import dumps
-from .clock import Clock
+from .clock import Clock, SystemClock
 from .errors import OpenOnceError
 from .records import Effect
 from .states import TERMINAL, EffectState
@@ -86,8 +88,6 @@ from .stores.sql import (
 T = TypeVar("T")
 
 ARCHIVE_FORMAT = 1
-# The order a store's ``tombstone()`` returns a tombstone's columns in.
-TOMBSTONE_COLUMNS = "effect_id, state, args_fingerprint, created_at, archived_at, archive"
 # A released claim never ran: its key is free again, so it leaves no tombstone.
 TOMBSTONED = frozenset(TERMINAL - {EffectState.RELEASED})
 # Oldest first within each state, so a run that stops early has done the oldest.
@@ -98,6 +98,8 @@ BARRIER_SECONDS = 10.0
 # The longest age a policy may give: a century (a longer one is a typo, and its cutoff
 # would fall before the dates a report can print).
 MAX_AGE = 36500 * 86400.0
+# A report names a clock this far past the ledger's newest change (see ``_cutoff``).
+CLOCK_AHEAD_NOTE = 86400.0
 
 
 class ArchiveError(OpenOnceError, ValueError):
@@ -105,7 +107,7 @@ class ArchiveError(OpenOnceError, ValueError):
 
 
 class Tombstone(NamedTuple):
-    """What the ledger keeps of an archived effect's key."""
+    """What the ledger keeps of an archived effect's key (``stores.sql.TOMBSTONE_COLUMNS``)."""
 
     effect_id: str
     state: str
@@ -161,14 +163,31 @@ def drop_released_tombstone(store: Any, tool: str, idempotency_key: str, effect_
 @dataclass(frozen=True)
 class RetentionPolicy:
     """Which effects a run archives: terminal ones last changed more than ``older_than``
-    seconds ago, ``batch_size`` per transaction, ``pause`` seconds between batches; a run
-    stops after ``max_batches`` batches or ``max_seconds`` (None: when none are left)."""
+    seconds ago, ``batch_size`` per transaction; a run stops after ``max_batches`` batches
+    or ``max_seconds`` (None: when none are left).
+
+    Its pace (``pause_after``): between two batches the run rests at least ``pause``
+    seconds, long enough that it archives at most ``max_rate`` effects a second (None: no
+    cap), and long enough that its batches take at most ``max_busy`` of its time. A retention run
+    flat out took half the rate of new effects on the ledger it cleaned (issue 19: 2,767
+    effects/s archived, new effects 2.0x slower); its budget is 10M effects a day (116/s),
+    so the default 500/s leaves it four times that, and on a machine too busy for 500/s it
+    still works only half the time."""
 
     older_than: float
     batch_size: int = 500
     pause: float = 0.0
     max_batches: int | None = None
     max_seconds: float | None = None
+    max_rate: float | None = 500.0
+    max_busy: float = 0.5
+
+    def pause_after(self, effects: int, seconds: float) -> float:
+        """How long to rest after a batch of ``effects`` candidates that took ``seconds``."""
+        rest = max(self.pause, seconds * (1 - self.max_busy) / self.max_busy)
+        if self.max_rate is not None:
+            rest = max(rest, effects / self.max_rate - seconds)
+        return rest
 
     def __post_init__(self) -> None:
         if not (isinstance(self.older_than, int | float) and math.isfinite(self.older_than)):
@@ -183,6 +202,12 @@ class RetentionPolicy:
             raise ValueError("max_batches must be at least 1 (or None)")
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise ValueError("max_seconds must be more than 0 (or None)")
+        if self.max_rate is not None and not 0 < self.max_rate < math.inf:
+            raise ValueError(
+                f"max_rate must be more than 0 effects a second (or None), not {self.max_rate!r}"
+            )
+        if not 0 < self.max_busy <= 1:
+            raise ValueError(f"max_busy must be more than 0 and at most 1, not {self.max_busy!r}")
 
 
 @dataclass
@@ -201,6 +226,9 @@ class RetentionReport:
     archives: list[str] = field(default_factory=list)
     seconds: float = 0.0
     cutoff: float = 0.0  # effects last changed before this (ledger clock) were candidates
+    # How far the clock read past the ledger's newest change (ages are measured from the
+    # earlier of the two: a clock stepped forward does not make recent effects old).
+    clock_ahead: float = 0.0
     more: bool = False  # stopped by max_batches / max_seconds with candidates left
     dry_run: bool = False
 
@@ -220,6 +248,12 @@ class RetentionReport:
             text += f"; {self.kept} left for a later run (changed meanwhile or newest line)"
         if self.more:
             text += "; stopped at the run's limit with more to do"
+        if self.clock_ahead >= CLOCK_AHEAD_NOTE:
+            text += (
+                f"; the clock read {self.clock_ahead / 86400:.1f} day(s) past the ledger's"
+                " newest change (a clock step, or a ledger idle since): ages were measured"
+                " from that change"
+            )
         for path in self.archives:
             text += f"\n  archive: {path}"
         return text
@@ -283,48 +317,113 @@ def run_retention(
     dry_run: bool = False,
     deliveries: ArchiveDeliveries | None = None,
     forget_deliveries: ForgetDeliveries | None = None,
+    timer: Clock | None = None,
 ) -> RetentionReport:
     """Archive, then delete, the terminal effects ``policy`` selects (module docstring).
-    ``now`` overrides the ledger's clock."""
-    started = time.monotonic()
+    ``now`` overrides the ledger's clock; ``timer`` is what the run times its batches and
+    rests with (``policy.pause_after``, ``max_seconds``): real time unless given."""
+    timer = timer or SystemClock()
+    started = timer.monotonic()
     writer = _retention_store(store)
     clock_now = writer.clock.now if now is None else lambda: now
-    report = RetentionReport(cutoff=clock_now() - policy.older_than, dry_run=dry_run)
+    report = RetentionReport(dry_run=dry_run)
+    report.cutoff, report.clock_ahead = _cutoff(writer, clock_now(), policy.older_than)
     archive = _Archive(os.fspath(archive_dir))
     if not dry_run:
         archive.check_dir()
+    rest = 0.0  # owed by the last batch; none after the run's last
     for state in _STATES:
         after: tuple[float, str] = (float("-inf"), "")
         while True:
-            if _out_of_budget(policy, report, started):
+            if _out_of_budget(policy, report, started, timer):
                 report.more = _any_left(writer, state, report.cutoff, after)
                 report.archives = archive.paths()
-                report.seconds = time.monotonic() - started
+                report.seconds = timer.monotonic() - started
                 return report
             batch = _candidates(writer, state, report.cutoff, after, policy.batch_size)
             if not batch:
                 break
             after = (batch[-1].updated_at, batch[-1].id)
+            if rest > 0:
+                timer.sleep(rest)  # the hot path's share of the machine (policy docstring)
+            began = timer.monotonic()
             if dry_run:
                 _count(writer, batch, report)
+                rest = policy.pause
             else:
                 _archive_batch(
                     writer, batch, archive, clock_now(), report, deliveries, forget_deliveries
                 )
+                if not report.batches:
+                    _replan_tombstone_checks(writer)
+                rest = policy.pause_after(len(batch), timer.monotonic() - began)
             report.batches += 1
-            if policy.pause:
-                time.sleep(policy.pause)  # room for the hot path between batches
     report.archives = archive.paths()
-    report.seconds = time.monotonic() - started
+    report.seconds = timer.monotonic() - started
     return report
 
 
-def _out_of_budget(policy: RetentionPolicy, report: RetentionReport, started: float) -> bool:
+# Below this many rows in the tombstones' statistics, ANALYZE them once per run (below).
+TOMBSTONE_STATS_FLOOR = 10_000
+
+
+def _replan_tombstone_checks(store: RetentionStore) -> None:
+    """Postgres: make every session plan its tombstone check again, on the table's size.
+
+    An agent's insert (a prepared statement) checks the key's tombstone. Planned while the
+    table was empty, the check is a scan of the whole table, and Postgres keeps that plan
+    until the table's statistics change: the first run filled the table under it, and every
+    new effect read all tombstones (measured: 10 ms each at 20,000 tombstones; new effects
+    at half the empty ledger's rate during the run, and after it, until autovacuum analyzed
+    the table). ANALYZE records its size and invalidates those plans: the check is planned
+    again, through the key's index. Once the statistics count enough rows no plan scans
+    it, and a large table's ANALYZE is not paid again. (It needs the table's owner: another
+    role gets a warning and the run goes on.)"""
+    if store.dialect != "postgres":
+        return  # SQLite plans each statement on its own statistics, never kept ones
+    rows = store._all(
+        "SELECT reltuples FROM pg_class WHERE oid = 'openonce_tombstones'::regclass", ()
+    )
+    if rows and rows[0][0] < TOMBSTONE_STATS_FLOOR:
+        store.retention_write(lambda cur: cur.run("ANALYZE openonce_tombstones"))
+
+
+def _cutoff(store: RetentionStore, now: float, older_than: float) -> tuple[float, float]:
+    """The time before which an effect's last change makes it old, and how far ``now``
+    reads past the ledger's newest change.
+
+    Age is measured from ``now`` or from the ledger's newest change, whichever is earlier.
+    A clock stepped forward (an NTP step, a VM restored from a snapshot) would otherwise
+    make every terminal effect old at once: each archived, its key refusing a replay of a
+    call made days ago. Measured from the newest change, a run never archives more than a
+    right clock would have at the moment of that change; a ledger idle since keeps its
+    last ``older_than`` of activity, which costs little. A clock stepped back gives an
+    earlier cutoff: fewer effects are old, none is lost."""
+    newest = _newest_change(store)
+    if newest is None or newest >= now:
+        return now - older_than, 0.0
+    return newest - older_than, now - newest
+
+
+def _newest_change(store: RetentionStore) -> float | None:
+    """The newest ``updated_at`` in the ledger: the greatest of each state's, each the last
+    entry of a range of the ``(state, updated_at, id)`` index."""
+    states = [str(s) for s in EffectState]
+    newest = " UNION ALL ".join(
+        ["SELECT max(updated_at) FROM openonce_effects WHERE state = ?"] * len(states)
+    )
+    times = [row[0] for row in store._all(newest, states) if row[0] is not None]
+    return max(times) if times else None
+
+
+def _out_of_budget(
+    policy: RetentionPolicy, report: RetentionReport, started: float, timer: Clock
+) -> bool:
     if not report.batches:
         return False  # every run makes progress, however small its budget
     if policy.max_batches is not None and report.batches >= policy.max_batches:
         return True
-    return policy.max_seconds is not None and time.monotonic() - started >= policy.max_seconds
+    return policy.max_seconds is not None and timer.monotonic() - started >= policy.max_seconds
 
 
 def _any_left(store: RetentionStore, state: str, cutoff: float, after: tuple[float, str]) -> bool:
@@ -553,10 +652,7 @@ class _Archive:
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        self._path = os.path.join(
-            os.path.abspath(folder), f"openonce-archive-{stamp}-{uuid.uuid4().hex[:8]}.jsonl.gz"
-        )
+        self._path = os.path.join(os.path.abspath(folder), _archive_name())
         self._written = False
 
     def check_dir(self) -> None:
@@ -579,6 +675,8 @@ class _Archive:
         the batch's transaction then rolls back and nothing of it is deleted."""
         member = gzip.compress(lines, mtime=0)
         try:
+            if not self._written:
+                self._create()
             with open(self._path, "ab") as f:
                 f.write(member)
                 f.flush()
@@ -597,6 +695,30 @@ class _Archive:
                 " was deleted (a partly written batch is skipped on import)"
             ) from exc
         self._written = True
+
+    def _create(self) -> None:
+        """Create this run's file, never one that exists: another run (another host on a
+        shared volume, a container whose hostname, pid and clock match ours) may have
+        taken the name, and its file holds its own ledger's effects. A taken name is
+        replaced by a new one; the tombstones that named it are corrected to the file
+        their effects land in before the batch commits."""
+        for _ in range(_NAME_TRIES):
+            try:
+                os.close(os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                return
+            except FileExistsError:
+                self._path = os.path.join(os.path.dirname(self._path), _archive_name())
+        raise FileExistsError(errno.EEXIST, "no free archive name", self._path)
+
+
+_NAME_TRIES = 5
+
+
+def _archive_name() -> str:
+    """The UTC second and 64 random bits: two runs at the same second on hosts that share
+    a name (or a pid, or a restored snapshot's state) draw different names."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"openonce-archive-{stamp}-{uuid.uuid4().hex[:16]}.jsonl.gz"
 
 
 # -- import --------------------------------------------------------------------------------

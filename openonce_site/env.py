@@ -131,7 +131,7 @@ def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
 
 # Django's own connections, per process: a sync gunicorn worker needs one at a time, a
 # threaded server (runserver, gunicorn --threads) one per thread in flight. The core's
-# ledger client has its own pool (OPENONCE_LEDGER_POOL_MAX, read by openonce_site.ledger).
+# ledger client has its own pool (OPENONCE_LEDGER_POOL_MAX, read by ledger.clients).
 def _pg_options() -> dict[str, object]:
     return {"pool": {"min_size": 1, "max_size": env_int("OPENONCE_DB_POOL_MAX", 4, minimum=1)}}
 

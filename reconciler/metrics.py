@@ -42,10 +42,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from ledger.clients import get_grace, get_openonce
 from openonce_core.due import count_overdue_unknown
 from openonce_core.runtime import OpenOnce
 from openonce_core.states import TERMINAL, EffectState
-from openonce_site.ledger import get_grace, get_openonce
 
 from . import deliveries, queue
 from .models import ProberStatus, ProbeTally, Sweep

@@ -22,9 +22,9 @@ from importlib import import_module
 from celery import shared_task
 from django.conf import settings
 
+from ledger.clients import get_openonce
 from notifications.retention import archive_deliveries, forget_deliveries
 from openonce_core.retention import RetentionPolicy, RetentionReport, run_retention
-from openonce_site.ledger import get_openonce
 
 log = logging.getLogger("openonce.retention")
 
@@ -53,15 +53,9 @@ def archive_old_effects() -> RetentionReport | None:
     days = settings.OPENONCE_RETENTION_DAYS
     if not days:
         return None
-    policy = RetentionPolicy(
-        older_than=days * DAY,
-        batch_size=settings.OPENONCE_RETENTION_BATCH,
-        pause=settings.OPENONCE_RETENTION_PAUSE or 0.0,
-        max_seconds=settings.CELERY_TASK_SOFT_TIME_LIMIT / 2,
-    )
     report = run_retention(
         get_openonce().store,
-        policy,
+        retention_policy(days * DAY),
         settings.OPENONCE_RETENTION_ARCHIVE_DIR,
         deliveries=archive_deliveries,
         forget_deliveries=forget_deliveries,
@@ -69,3 +63,18 @@ def archive_old_effects() -> RetentionReport | None:
     if report.effects or report.kept:
         log.info("retention: %s", report)
     return report
+
+
+def retention_policy(older_than: float) -> RetentionPolicy:
+    """The task's policy from the settings, for effects last changed more than
+    ``older_than`` seconds ago: its batches, its pace beside the live agents
+    (``OPENONCE_RETENTION_RATE``, ``OPENONCE_RETENTION_BUSY``, ``OPENONCE_RETENTION_PAUSE``),
+    and half the task's soft time limit per run."""
+    return RetentionPolicy(
+        older_than=older_than,
+        batch_size=settings.OPENONCE_RETENTION_BATCH,
+        pause=settings.OPENONCE_RETENTION_PAUSE or 0.0,
+        max_rate=settings.OPENONCE_RETENTION_RATE or None,  # 0: no cap
+        max_busy=settings.OPENONCE_RETENTION_BUSY,
+        max_seconds=settings.CELERY_TASK_SOFT_TIME_LIMIT / 2,
+    )

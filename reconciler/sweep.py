@@ -16,8 +16,8 @@ effects as can still finish before the task's soft time limit if every probe tak
 full timeout, and hands the rest back (``on_leftover``) to be queued as a new batch. So
 a slow provider makes batches shorter, never kills worker children at the hard limit.
 
-The ledger is read through the core (``openonce_site.ledger``), never through the console
-app's models.
+The ledger is read through the core (``ledger.clients``), never through another app's
+models.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from django.db import DatabaseError
 from django.db.models import F
 from django.utils import timezone
 
+from ledger.clients import get_openonce, get_reconciler
 from openonce_core.reconcile import Reconciler, ReconcileReport
-from openonce_site.ledger import get_openonce, get_reconciler
 
 from . import deliveries, probes
 from .models import Sweep

@@ -48,6 +48,8 @@ SELECT_COLUMNS = ", ".join(COLUMNS)
 NEW_COLUMNS = [column(f) for f in NEW_FIELDS]
 JOURNAL_COLUMNS = "effect_id, at, from_state, to_state, actor, reason, evidence_json, action"
 APPROVAL_COLUMNS = "effect_id, decision, decided_by, reason, args_fingerprint, at, expires_at"
+# What a key's tombstone holds (openonce_core/retention.py), in ``Tombstone``'s order.
+TOMBSTONE_COLUMNS = "effect_id, state, args_fingerprint, created_at, archived_at, archive"
 
 # A replay needs only these: whether the effect is settled, whether the call matches it,
 # and what to hand back. Everything else is read only when the effect is not settled.
@@ -511,3 +513,13 @@ class SQLStore:
             (entry.effect_id, entry.at, entry.to_state, entry.actor),
         )
         return row is not None
+
+    # -- the retention's tombstones (openonce_core/retention.py) ------------------------------
+
+    def tombstone(self, tool: str, idempotency_key: str) -> Any:
+        """The key's tombstone (``TOMBSTONE_COLUMNS``), or None."""
+        return self._one(
+            f"SELECT {TOMBSTONE_COLUMNS} FROM openonce_tombstones"
+            " WHERE tool = ? AND idempotency_key = ?",
+            (tool, idempotency_key),
+        )

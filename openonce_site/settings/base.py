@@ -70,6 +70,8 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "django_htmx",
+    # The ledger's read models and per-process clients, shared by the three apps below.
+    "ledger",
     "console",
     "reconciler",
     "notifications",
@@ -273,7 +275,7 @@ LOGGING = {
     # One line per record: control characters in a message (a %0A in a request path,
     # a username with a newline) are escaped, so request data cannot forge log lines.
     "filters": {
-        "one_line": {"()": "openonce_site.logsafe.OneLineFilter"},
+        "one_line": {"()": "ledger.logsafe.OneLineFilter"},
         "effect": {"()": "reconciler.logs.EffectIdFilter"},
     },
     "formatters": {
@@ -312,6 +314,9 @@ OPENONCE_STALE_CALL_GRACE = env_float("OPENONCE_STALE_CALL_GRACE", 300.0)
 # A miss this soon after a call's owner was found dead is no evidence either: the request
 # it sent just before it died may still be in flight at the provider.
 OPENONCE_DEAD_OWNER_GRACE = env_float("OPENONCE_DEAD_OWNER_GRACE", 60.0)
+# What the process's Reconciler (ledger.clients) wraps every prober in: the daemon's
+# wrapper times and logs each probe for /metrics and health. A dotted path; None: none.
+OPENONCE_PROBER_WRAPPER: str | None = "reconciler.probes.instrument"
 
 # -- the sweep ------------------------------------------------------------------------
 OPENONCE_SWEEP_INTERVAL = env_float("OPENONCE_SWEEP_INTERVAL", 5.0, positive=True)  # seconds
@@ -439,6 +444,12 @@ OPENONCE_RETENTION_ARCHIVE_DIR = state_path(
 )
 OPENONCE_RETENTION_BATCH = env_int("OPENONCE_RETENTION_BATCH", 500, minimum=1)  # per commit
 OPENONCE_RETENTION_PAUSE = env_float("OPENONCE_RETENTION_PAUSE", 0.05)  # seconds between
+# The retention's pace: at most this many effects a second (0: no cap), and at most this
+# share of a run's time spent in batches, so that agents keep the database (issue 19).
+OPENONCE_RETENTION_RATE = env_float("OPENONCE_RETENTION_RATE", 500.0)
+OPENONCE_RETENTION_BUSY = env_float("OPENONCE_RETENTION_BUSY", 0.5, positive=True)
+if OPENONCE_RETENTION_BUSY > 1:
+    raise ImproperlyConfigured("OPENONCE_RETENTION_BUSY must be more than 0 and at most 1")
 OPENONCE_RETENTION_HOUR = env_int("OPENONCE_RETENTION_HOUR", 3)  # UTC hour of the daily run
 if OPENONCE_RETENTION_HOUR > 23:
     raise ImproperlyConfigured("OPENONCE_RETENTION_HOUR must be 0 to 23")

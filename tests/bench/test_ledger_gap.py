@@ -19,7 +19,7 @@ from openonce_core import OpenOnce, open_store
 sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
 import ledger_gap
-from ledger import Handler, make_effect
+from hotpath import Handler, make_effect
 
 
 def journal_of(query: Any, key: str) -> tuple[str, list[tuple[str | None, str]]]:

@@ -22,7 +22,6 @@ from openonce_core import (
     IdempotencyMismatchError,
     OpenOnce,
     OutcomeUnknownError,
-    UnknownOutcomeError,
     require_approval_for,
 )
 from openonce_core.errors import EffectArchivedError
@@ -31,59 +30,19 @@ from openonce_core.retention import (
     RetentionPolicy,
     find_tombstone,
     import_archive,
-    run_retention,
 )
 from openonce_core.testing import FakeClock
+from tests.support.retention import (
+    DAY,
+    Agent,
+    age,
+    archive_lines,
+    raw_connection,
+    run,
+    statement_held,
+)
 
 S = EffectState
-DAY = 86400.0
-POLICY = RetentionPolicy(older_than=90 * DAY, batch_size=2)
-
-
-class Agent:
-    """One OpenOnce client with a counted handler per tool; ``clock`` is the ledger's."""
-
-    def __init__(self, store: Any, clock: FakeClock, **options: Any) -> None:
-        self.oo = OpenOnce(store, retry_delay=0, clock=clock, **options)
-        self.clock = clock
-        self.calls: list[tuple[str, str]] = []
-
-        @self.oo.effect(tool="stripe.refund", idempotency_key=lambda order, outcome="ok": order)
-        def refund(order: str, outcome: str = "ok") -> dict[str, str]:
-            self.calls.append(("refund", order))
-            if outcome == "declined":
-                raise BusinessError("card declined")
-            if outcome == "lost":
-                raise UnknownOutcomeError("the reply was lost")
-            return {"refund": "re_" + order}
-
-        self.refund = refund
-
-    def effect_of(self, order: str) -> Any:
-        return self.oo.store.find("stripe.refund", self._key(order))
-
-    def _key(self, order: str) -> str:
-        # The key is derived from the order alone (the lambda above), as the library does.
-        ids = [e for e in self.oo.store.list_effects(limit=1000) if e.args.get("order") == order]
-        return ids[-1].idempotency_key
-
-
-def age(agent: Agent) -> None:
-    """91 days pass, then one young effect is recorded: on SQLite the effect holding the
-    newest journal line is never archived (its seq would be handed out again)."""
-    agent.clock.advance(91 * DAY)
-    agent.young = getattr(agent, "young", 0) + 1
-    agent.refund(f"young-{agent.young}")
-
-
-def _lines(path: str) -> list[dict[str, Any]]:
-    """An archive as an auditor reads it: gzip, then one JSON object per line."""
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
-
-
-def run(store: Any, clock: FakeClock, folder: Any, **kw: Any) -> Any:
-    return run_retention(store, kw.pop("policy", POLICY), str(folder), now=clock.now(), **kw)
 
 
 def test_old_terminal_effects_are_archived_deleted_and_leave_tombstones(store, tmp_path) -> None:
@@ -230,7 +189,7 @@ def test_a_change_after_selection_keeps_the_row_its_journal_and_no_tombstone(
     assert [j.action for j in store.journal(a.id)] == ["claim", "finish", "contradict"]
     assert find_tombstone(store, "stripe.refund", a.idempotency_key) is None
     assert store.get(b.id) is None
-    assert [doc["effect"]["id"] for doc in _lines(report.archives[0])] == [b.id]
+    assert [doc["effect"]["id"] for doc in archive_lines(report.archives[0])] == [b.id]
 
 
 def test_the_archive_reads_with_gzip_and_json_and_imports_back(store, tmp_path) -> None:
@@ -251,7 +210,7 @@ def test_the_archive_reads_with_gzip_and_json_and_imports_back(store, tmp_path) 
     assert (report.effects, report.approvals) == (2, 2)
     assert [e.args["order"] for e in store.list_effects()] == ["young-1"]
 
-    lines = _lines(report.archives[0])
+    lines = archive_lines(report.archives[0])
     assert sorted(doc["effect"]["id"] for doc in lines) == sorted(before)
     for doc in lines:
         effect, journal, approvals = before[doc["effect"]["id"]]
@@ -414,13 +373,6 @@ def test_an_empty_ledger_archives_nothing(store, tmp_path) -> None:
 # -- the SQL stores' own rules ----------------------------------------------------------------
 
 
-def _raw(store: Any) -> Any:
-    """A connection of the store's own kind, outside the store."""
-    if store.dialect == "postgres":
-        return psycopg.connect(store.dsn, autocommit=True)
-    return sqlite3.connect(store.path, isolation_level=None)
-
-
 @pytest.mark.parametrize("store_kind", ["sqlite", "postgres"], indirect=True)
 def test_the_journal_stays_append_only_outside_the_retention(store, tmp_path) -> None:
     clock = FakeClock()
@@ -430,7 +382,7 @@ def test_the_journal_stays_append_only_outside_the_retention(store, tmp_path) ->
     agent.oo.approve(info.value.effect_id, by="maria")
     agent.refund("o-1")
     errors = (sqlite3.DatabaseError, psycopg.Error)
-    conn = _raw(store)
+    conn = raw_connection(store)
     try:
         for stmt in (
             "DELETE FROM openonce_journal",
@@ -449,20 +401,25 @@ def test_the_journal_stays_append_only_outside_the_retention(store, tmp_path) ->
     assert len(store.journal(effect.id)) == 4 and len(store.approvals(effect.id)) == 1
     if store.dialect != "postgres":
         # The grant row never outlives the retention's transaction.
-        conn = _raw(store)
+        conn = raw_connection(store)
         assert conn.execute("SELECT count(*) FROM openonce_retention_grant").fetchone() == (0,)
         conn.close()
 
 
 @pytest.mark.parametrize("store_kind", ["memory", "sqlite"], indirect=True)
 def test_sqlite_keeps_the_effect_holding_the_newest_journal_line(store, tmp_path) -> None:
+    # The newest line is old only after the clock stepped back (ages are measured from
+    # the ledger's newest change): o-2 is written last, 91 days before young-1.
     clock = FakeClock()
     agent = Agent(store, clock)
     agent.refund("o-1")
+    clock.advance(91 * DAY)
+    agent.refund("young-1")
+    clock.step(-91 * DAY)
     agent.refund("o-2")
     newest = agent.effect_of("o-2")
     top = store.journal(newest.id)[-1].seq
-    clock.advance(91 * DAY)
+    clock.step(91 * DAY)
 
     first = run(store, clock, tmp_path)
     assert (first.effects, first.kept) == (1, 1)
@@ -473,7 +430,7 @@ def test_sqlite_keeps_the_effect_holding_the_newest_journal_line(store, tmp_path
     assert store.journal(agent.effect_of("o-3").id)[0].seq == top + 1
     clock.advance(91 * DAY)
     second = run(store, clock, tmp_path)
-    assert (second.effects, second.kept) == (1, 1)
+    assert (second.effects, second.kept) == (1, 0)  # o-3 is young beside young-1
     assert store.get(newest.id) is None
 
 
@@ -485,7 +442,7 @@ def test_candidates_are_read_through_the_state_index(store) -> None:
     )
     params = ("committed", 1.0, float("-inf"), "", 500)
     if store.dialect == "postgres":
-        conn = _raw(store)
+        conn = raw_connection(store)
         try:
             conn.execute("SET enable_seqscan = off")  # an empty table: ask what it can use
             plan = "\n".join(
@@ -507,33 +464,21 @@ def test_postgres_deletes_only_after_older_statements_end(store, tmp_path) -> No
     clock = FakeClock()
     agent = Agent(store, clock)
     agent.refund("o-1")
-    clock.advance(91 * DAY)
-    holder, waiter = _raw(store), _raw(store)
+    age(agent)
+    holder, waiter = raw_connection(store), raw_connection(store)
     try:
-        holder.execute("SELECT pg_advisory_lock(4242)")
-        import threading
+        with statement_held(holder, waiter, 4242):
+            assert store.wait_for_older_statements(0.05) is False
+            import openonce_core.retention as retention
 
-        blocked = threading.Thread(
-            target=lambda: waiter.execute("SELECT pg_advisory_lock(4242)"), daemon=True
-        )
-        blocked.start()
-        while not holder.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-        ).fetchone()[0]:
-            pass
-        assert store.wait_for_older_statements(0.05) is False
-        import openonce_core.retention as retention
-
-        original, retention.BARRIER_SECONDS = retention.BARRIER_SECONDS, 0.05
-        try:
-            report = run(store, clock, tmp_path)
-        finally:
-            retention.BARRIER_SECONDS = original
-        assert (report.effects, report.kept) == (0, 1)
-        (effect,) = store.list_effects()
-        assert find_tombstone(store, "stripe.refund", effect.idempotency_key) is None
-        holder.execute("SELECT pg_advisory_unlock(4242)")
-        blocked.join(10)
+            original, retention.BARRIER_SECONDS = retention.BARRIER_SECONDS, 0.05
+            try:
+                report = run(store, clock, tmp_path)
+            finally:
+                retention.BARRIER_SECONDS = original
+            assert (report.effects, report.kept) == (0, 1)
+            effect = agent.effect_of("o-1")
+            assert find_tombstone(store, "stripe.refund", effect.idempotency_key) is None
         assert store.wait_for_older_statements(10) is True
         assert run(store, clock, tmp_path).effects == 1
     finally:

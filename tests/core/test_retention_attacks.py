@@ -25,42 +25,27 @@ from openonce_core.retention import (
     parse_duration,
 )
 from openonce_core.testing import FakeClock
-from tests.core.test_retention import DAY, Agent, _lines, _raw, age, run
+from tests.support.retention import (
+    DAY,
+    Agent,
+    age,
+    approved_history,
+    archive_lines,
+    dump,
+    raw_connection,
+    run,
+    statement_held,
+    stones,
+)
 
 S = EffectState
-TABLES = ("openonce_effects", "openonce_journal", "openonce_approvals")
-
-
-def _dump(store: Any) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of the ledger's tables, as the database holds them."""
-    order = {"openonce_effects": "id", "openonce_journal": "seq", "openonce_approvals": "id"}
-    return {t: [tuple(r) for r in store._all(f"SELECT * FROM {t} ORDER BY {order[t]}", ())]
-            for t in TABLES}  # fmt: skip
-
-
-def _stones(store: Any) -> list[tuple[Any, ...]]:
-    return [tuple(r) for r in store._all("SELECT * FROM openonce_tombstones ORDER BY 1, 2", ())]
 
 
 def _only_leftovers(store: Any) -> None:
     """Tombstones a failed batch left behind name effects still in the ledger, whose rows
     answer their keys (a replay), so they refuse nothing."""
-    for stone in _stones(store):
+    for stone in stones(store):
         assert store.get(stone[2]) is not None
-
-
-def _history(store: Any) -> Agent:
-    """Committed, failed and approved-then-committed refunds, all old, then a young one."""
-    clock = FakeClock()
-    agent = Agent(store, clock, policy=require_approval_for(["stripe.*"]))
-    for order in ("o-1", "o-2", "o-3", "young-1"):
-        if order == "young-1":
-            clock.advance(91 * DAY)  # on SQLite the newest line's effect always stays
-        with pytest.raises(ApprovalPending) as info:
-            agent.refund(order)
-        agent.oo.approve(info.value.effect_id, by="maria")
-        agent.refund(order)
-    return agent
 
 
 class Crash(Exception):
@@ -109,14 +94,14 @@ def crash_on(store: Any, monkeypatch: Any, statement: str) -> None:
     ],
 )
 def test_a_crash_at_any_step_loses_nothing(store, tmp_path, monkeypatch, statement) -> None:
-    agent = _history(store)
-    before = _dump(store)
+    agent = approved_history(store)
+    before = dump(store)
     crash_on(store, monkeypatch, statement)
     with pytest.raises(Crash):
         run(store, agent.clock, tmp_path)
     monkeypatch.undo()
 
-    assert _dump(store) == before  # every row, every journal line, every approval
+    assert dump(store) == before  # every row, every journal line, every approval
     _only_leftovers(store)
     for archive in tmp_path.glob("*.gz"):
         assert import_archive(store, archive).effects == 0  # all "already there"
@@ -130,8 +115,8 @@ def test_a_crash_at_any_step_loses_nothing(store, tmp_path, monkeypatch, stateme
 
 
 def test_a_full_disk_is_a_clear_error_and_changes_nothing(store, tmp_path, monkeypatch) -> None:
-    agent = _history(store)
-    before = _dump(store)
+    agent = approved_history(store)
+    before = dump(store)
     import openonce_core.retention as retention
 
     class FullDisk:
@@ -156,29 +141,29 @@ def test_a_full_disk_is_a_clear_error_and_changes_nothing(store, tmp_path, monke
         run(store, agent.clock, tmp_path)
     monkeypatch.undo()
 
-    assert _dump(store) == before
+    assert dump(store) == before
     _only_leftovers(store)
     (partial,) = tmp_path.glob("*.gz")
     report = import_archive(store, partial)  # the half-written batch: nothing to put back
     assert (report.effects, report.truncated) == (0, True)
-    assert _dump(store) == before
+    assert dump(store) == before
 
 
 def test_a_reimport_restores_every_row_exactly_and_a_second_changes_nothing(
     store, tmp_path
 ) -> None:
-    agent = _history(store)
-    before = _dump(store)
+    agent = approved_history(store)
+    before = dump(store)
     report = run(store, agent.clock, tmp_path)
     assert report.effects == 3 and report.approvals == 3
-    assert len(_dump(store)["openonce_effects"]) == 1
+    assert len(dump(store)["openonce_effects"]) == 1
 
     import_archive(store, report.archives[0])
-    assert _dump(store) == before  # byte-equal rows, seqs, approvals (with their ids)
-    assert _stones(store) == []
+    assert dump(store) == before  # byte-equal rows, seqs, approvals (with their ids)
+    assert stones(store) == []
     again = import_archive(store, report.archives[0])
     assert (again.effects, len(again.skipped)) == (0, 3)
-    assert _dump(store) == before
+    assert dump(store) == before
     # New lines still get numbers above every number ever handed out.
     top = max(r[0] for r in before["openonce_journal"])
     with pytest.raises(ApprovalPending) as info:
@@ -203,9 +188,9 @@ def test_every_non_terminal_effect_stays_whatever_its_age(store, tmp_path) -> No
     agent.oo.ledger.move(store.get(ids["cancel-me"]), "contradict", S.HUMAN_REVIEW,
                          actor="openonce", reason="x")  # fmt: skip
     clock.advance(10_000 * DAY)
-    before = _dump(store)
+    before = dump(store)
     report = run(store, clock, tmp_path)
-    assert report.effects == 0 and _dump(store) == before
+    assert report.effects == 0 and dump(store) == before
     assert sorted(str(store.get(i).state) for i in ids.values()) == [
         "approved", "human_review", "planned", "requires_approval"
     ]  # fmt: skip
@@ -293,7 +278,7 @@ def _via(method: Any, event: threading.Event) -> Any:
 
 @pytest.mark.parametrize("store_kind", ["sqlite"], indirect=True)
 def test_sqlite_grant_is_never_seen_by_another_connection(store, tmp_path) -> None:
-    agent = _history(store)
+    agent = approved_history(store)
     seen: list[Any] = []
 
     def look(cur: Any) -> int:
@@ -308,7 +293,7 @@ def test_sqlite_grant_is_never_seen_by_another_connection(store, tmp_path) -> No
 
     store.retention_write(look)
     assert seen == [(0,)]
-    other = _raw(store)
+    other = raw_connection(store)
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):
         other.execute("DELETE FROM openonce_journal")
     other.close()
@@ -323,7 +308,7 @@ def test_postgres_retention_setting_never_leaks_to_the_next_use_of_a_connection(
     store = PostgresStore(pg_dsn, max_size=1)  # every use lends the same connection
     try:
         store.migrate()
-        agent = _history(store)
+        agent = approved_history(store)
         store.retention_write(lambda cur: cur.all("SELECT 1"))
         with pytest.raises(Crash):
             store.retention_write(lambda cur: (_ for _ in ()).throw(Crash()))
@@ -346,7 +331,7 @@ def test_postgres_waits_for_statements_of_sessions_it_cannot_see(store, tmp_path
     the tombstone and go through."""
     from openonce_core.stores.postgres import PostgresStore
 
-    admin = _raw(store)
+    admin = raw_connection(store)
     schema = admin.execute("SELECT current_schema()").fetchone()[0]
     roles = ("r1ret_agent", "r1ret_ops")
     for role in roles:
@@ -357,18 +342,8 @@ def test_postgres_waits_for_statements_of_sessions_it_cannot_see(store, tmp_path
     agent = psycopg.connect(store.dsn.replace("root@", "r1ret_agent@"), autocommit=True)
     ops = PostgresStore(store.dsn.replace("root@", "r1ret_ops@"), max_size=2)
     try:
-        admin.execute("SELECT pg_advisory_lock(4343)")
-        blocked = threading.Thread(
-            target=lambda: agent.execute("SELECT pg_advisory_lock(4343)"), daemon=True
-        )
-        blocked.start()
-        while not admin.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-        ).fetchone()[0]:
-            pass
-        assert ops.wait_for_older_statements(0.05) is False
-        admin.execute("SELECT pg_advisory_unlock(4343)")
-        blocked.join(10)
+        with statement_held(admin, agent, 4343):
+            assert ops.wait_for_older_statements(0.05) is False
         assert ops.wait_for_older_statements(10) is True
     finally:
         ops.close()
@@ -409,15 +384,15 @@ def _gz(tmp_path: Any, *docs: Any) -> str:
     ],
 )
 def test_a_malformed_archive_is_a_clear_error_and_changes_nothing(store, tmp_path, broken) -> None:
-    agent = _history(store)
+    agent = approved_history(store)
     report = run(store, agent.clock, tmp_path)
     with gzip.open(report.archives[0], "rt") as f:
         docs = [json.loads(line) for line in f]
-    before, stones = _dump(store), _stones(store)
+    before, stones_before = dump(store), stones(store)
     broken(docs[-1])
     with pytest.raises(ArchiveError):
         import_archive(store, _gz(tmp_path, *docs))
-    assert _dump(store) == before and _stones(store) == stones
+    assert dump(store) == before and stones(store) == stones_before
 
 
 def test_a_leftover_tombstone_never_holds_a_released_key(store, tmp_path) -> None:
@@ -496,7 +471,7 @@ def test_the_command_refuses_a_malformed_archive_with_exit_1(tmp_path) -> None:
 def test_two_runs_at_once_archive_each_effect_once(store, tmp_path, monkeypatch) -> None:
     """Beat's run and a re-queued one: the second runs whole while the first sits between
     its tombstones and its delete; each effect lands in one archive, its key refused."""
-    agent = _history(store)
+    agent = approved_history(store)
     old = {e.id for e in store.list_effects(limit=10) if e.args["order"].startswith("o-")}
     original = store.wait_for_older_statements
     second: list[Any] = []
@@ -513,10 +488,10 @@ def test_two_runs_at_once_archive_each_effect_once(store, tmp_path, monkeypatch)
         doc["effect"]["id"]
         for report in (first, second[0])
         for path in report.archives
-        for doc in _lines(path)
+        for doc in archive_lines(path)
     ]
     assert sorted(archived) == sorted(old)  # each once
-    for stone in _stones(store):
+    for stone in stones(store):
         assert stone[-1] in first.archives + second[0].archives
     for order in ("o-1", "o-2", "o-3"):
         with pytest.raises(EffectArchivedError):

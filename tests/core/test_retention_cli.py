@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import gzip
 import json
-import time
 
 import pytest
 
-from openonce_core import OpenOnce, open_store
+from openonce_core import open_store
 from openonce_core.errors import EffectArchivedError
-from openonce_core.testing import FakeClock
 from tests.core.test_cli import openonce
-
-DAY = 86400.0
+from tests.support.retention import Refunds, old_and_new_refunds
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -23,28 +20,14 @@ def db(request, tmp_path) -> str:
     return request.getfixturevalue("pg_dsn")
 
 
-def _history(db: str) -> tuple[OpenOnce, list[str]]:
-    """Two refunds 100 days old (the command reads the ledger's own clock) and one new."""
+def _history(db: str) -> Refunds:
     assert openonce(db, "migrate").returncode == 0
-    clock = FakeClock(start=time.time() - 100 * DAY)
-    oo = OpenOnce(db, retry_delay=0, clock=clock)
-    calls: list[str] = []
-
-    @oo.effect(tool="stripe.refund", idempotency_key=lambda order: order)
-    def refund(order: str) -> str:
-        calls.append(order)
-        return "re_" + order
-
-    refund("o-1")
-    refund("o-2")
-    clock.set(time.time())
-    refund("o-new")
-    oo.refund = refund  # type: ignore[attr-defined]
-    return oo, calls
+    return old_and_new_refunds(db)
 
 
 def test_archives_then_imports_back(db, tmp_path) -> None:
-    oo, calls = _history(db)
+    made = _history(db)
+    oo, calls = made.oo, made.calls
     archives = tmp_path / "archives"
 
     dry = openonce(db, "retention", "--older-than", "90d", "--archive-dir", str(archives),
@@ -62,12 +45,12 @@ def test_archives_then_imports_back(db, tmp_path) -> None:
     with gzip.open(path, "rt") as f:
         assert sorted(json.loads(line)["effect"]["args"]["order"] for line in f) == ["o-1", "o-2"]
     with pytest.raises(EffectArchivedError):
-        oo.refund("o-1")  # type: ignore[attr-defined]
+        made.refund("o-1")
 
     back = openonce(db, "retention", "import", path)
     assert back.returncode == 0, back.stderr
     assert "imported 2 effect(s), 4 journal line(s), 0 approval(s)" in back.stdout
-    assert oo.refund("o-1") == "re_o-1"  # type: ignore[attr-defined]
+    assert made.refund("o-1") == "re_o-1"
     assert calls == ["o-1", "o-2", "o-new"]
     again = openonce(db, "retention", "import", path)
     assert "skipped 2 effect(s) already in the ledger" in again.stdout
@@ -90,7 +73,7 @@ def test_archives_then_imports_back(db, tmp_path) -> None:
 )
 def test_bad_input_is_refused_with_exit_2_and_changes_nothing(tmp_path, args, says) -> None:
     db = str(tmp_path / "cli.db")  # argument checks come before any store is opened
-    oo, _ = _history(db)
+    oo = _history(db).oo
     args = [str(tmp_path / "A") if a == "A" else a for a in args]
     done = openonce(db, "retention", *args)
     assert done.returncode == 2
@@ -100,7 +83,7 @@ def test_bad_input_is_refused_with_exit_2_and_changes_nothing(tmp_path, args, sa
 
 
 def test_an_archive_that_cannot_be_imported_is_refused_with_exit_1(db, tmp_path) -> None:
-    oo, _ = _history(db)
+    oo = _history(db).oo
     bad = tmp_path / "bad.jsonl.gz"
     bad.write_bytes(b"plain text")
     done = openonce(db, "retention", "import", str(bad))

@@ -31,7 +31,7 @@ from openonce_core.testing import FakeClock
 
 S = EffectState
 ROOT = Path(__file__).resolve().parents[2]
-# The only modules that may call a store's write methods.
+# A store's write methods.
 WRITE_METHODS = {"update", "insert", "insert_or_find", "append_journal", "renew", "claim"}
 
 
@@ -106,42 +106,168 @@ def test_creating_an_effect_is_checked_too(store):
     assert oo.journal(effect_id)[-1].action == "request_approval"
 
 
-def _write_calls(path: Path) -> list[str]:
-    """Calls of a store write method (``<x>.store.update(...)`` and the like) in a module."""
+# The core's writer and its stores, by path: the only modules that may call those methods.
+WRITER = (ROOT / "openonce_core" / "ledger.py", ROOT / "openonce_core" / "stores")
+# The Django apps, and the one they all share (the ledger's read models and clients).
+APPS = ("console", "reconciler", "notifications", "ledger")
+SHARED_APP = "ledger"
+PROJECT_PACKAGE = "openonce_site"
+
+
+def _where(path: Path, node: ast.AST) -> str:
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    return f"{shown}:{getattr(node, 'lineno', 0)}"
+
+
+def _is_store(node: ast.expr, names: set[str]) -> bool:
+    """``<x>.store`` (or ``._store``), a name bound from one, or a name called ``store``."""
+    if isinstance(node, ast.Attribute):
+        return node.attr in ("store", "_store")
+    return isinstance(node, ast.Name) and (node.id == "store" or node.id in names)
+
+
+def _store_names(tree: ast.AST) -> set[str]:
+    """Names a module binds to a store: ``store = oo.store``, ``s: Store = self._store``,
+    ``(s := oo.store)``, and aliases of those, found until no new name appears."""
+    names: set[str] = set()
+    while True:
+        found = set(names)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign | ast.AnnAssign | ast.NamedExpr):
+                value = node.value
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if value is not None and _is_store(value, found):
+                    found |= {t.id for t in targets if isinstance(t, ast.Name)}
+        if found == names:
+            return names
+        names = found
+
+
+def store_write_calls(paths: list[Path]) -> list[str]:
+    """Calls of a store write method (``WRITE_METHODS``) in these modules, on a store
+    however it is reached: ``oo.store.update(...)``, ``store = oo.store;
+    store.update(...)``, or a ``store`` parameter's ``store.claim(...)``."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr in WRITE_METHODS
-            and isinstance(node.func.value, ast.Attribute)
-            and node.func.value.attr == "store"
-        ):
-            found.append(f"{path.relative_to(ROOT)}:{node.lineno} .store.{node.func.attr}")
+    for path in paths:
+        tree = ast.parse(path.read_text())
+        names = _store_names(tree)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in WRITE_METHODS
+                and _is_store(node.func.value, names)
+            ):
+                found.append(f"{_where(path, node)} store.{node.func.attr}")
     return found
 
 
+def _project_sources() -> list[Path]:
+    folders = ("openonce_core", *APPS, PROJECT_PACKAGE)
+    return [p for folder in folders for p in sorted((ROOT / folder).rglob("*.py"))]
+
+
+def _may_write(path: Path) -> bool:
+    return any(path.is_relative_to(writer) for writer in WRITER)
+
+
 def test_the_ledger_is_the_only_writer_of_ledger_state():
-    sources = [
-        p
-        for folder in ("openonce_core", "console", "reconciler", "openonce_site")
-        for p in (ROOT / folder).rglob("*.py")
-        if p.name != "ledger.py" and "stores" not in p.parts and "migrations" not in p.parts
+    assert _may_write(ROOT / "openonce_core" / "stores" / "sql.py")
+    assert not _may_write(ROOT / "console" / "ledger.py")  # by path, not by a file's name
+    sources = [p for p in _project_sources() if not _may_write(p)]
+    assert store_write_calls(sources) == []
+
+
+def test_the_write_checker_finds_a_store_reached_any_way(tmp_path):
+    offender = tmp_path / "offender.py"
+    offender.write_text(
+        "def sneak(oo, effect, changes):\n"
+        "    store = oo.store\n"
+        "    store.update(effect.id, effect.fence, changes)\n"
+        "    alias = store\n"
+        "    alias.append_journal(None)\n"
+        "    oo.store.renew(effect.id, 1, 'me', 0.0)\n"
+        "\n"
+        "def given(store):\n"
+        "    store.claim('id', 1)\n"
+        "    {}.update(a=1)  # a dict's update is no store write\n"
+    )
+    assert store_write_calls([offender]) == [
+        f"{offender}:3 store.update",
+        f"{offender}:5 store.append_journal",
+        f"{offender}:6 store.renew",
+        f"{offender}:9 store.claim",
     ]
-    assert sources
-    offenders = [call for path in sources for call in _write_calls(path)]
-    assert offenders == []
 
 
-def test_the_daemon_never_imports_the_console():
-    for path in (ROOT / "reconciler").rglob("*.py"):
+def _imported(node: ast.AST) -> list[str]:
+    """The modules an import statement names (``from a import b`` may import ``a.b``);
+    relative imports stay inside their own app and are left out."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        return [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+    return []
+
+
+def _import_problem(app: str, module: str) -> str | None:
+    top, _, rest = module.partition(".")
+    if top == PROJECT_PACKAGE:
+        return "imports the project package"
+    if top not in APPS or top == app:
+        return None
+    if app == SHARED_APP:
+        return "the shared app imports another app"
+    if top != SHARED_APP and (rest == "models" or rest.startswith("models.")):
+        return "imports another app's models"
+    return None
+
+
+def app_import_problems(app: str, paths: list[Path]) -> list[str]:
+    """Imports in ``app``'s modules that break the rule of the apps: no app imports
+    another app's models or the project package (``openonce_site``, which wires the
+    apps); the shared app's models are every app's, and it imports no other app."""
+    found = []
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            assert not [n for n in names if n.split(".")[0] == "console"], path
+            problems = [(m, p) for m in _imported(node) if (p := _import_problem(app, m))]
+            if problems:  # the first is enough to name the statement
+                module, problem = problems[0]
+                found.append(f"{_where(path, node)} {module}: {problem}")
+    return found
+
+
+def test_no_app_imports_another_apps_models_or_the_project():
+    for app in APPS:
+        sources = sorted((ROOT / app).rglob("*.py"))
+        assert sources, app
+        assert app_import_problems(app, sources) == []
+
+
+def test_the_import_checker_flags_each_kind_of_bad_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from console.models import Effect\n"
+        "from notifications import models\n"
+        "import openonce_site.settings\n"
+        "from openonce_site import celery\n"
+        "from ledger.models import JournalEntry  # the shared app's models: allowed\n"
+        "from reconciler.health import Health  # another app, not its models: allowed\n"
+        "from .models import Sweep  # its own\n"
+    )
+    assert [line.split(" ", 1)[1] for line in app_import_problems("reconciler", [bad])] == [
+        "console.models: imports another app's models",
+        "notifications.models: imports another app's models",
+        "openonce_site.settings: imports the project package",
+        "openonce_site: imports the project package",
+    ]
+    assert [line.split(" ", 1)[1] for line in app_import_problems("ledger", [bad])] == [
+        "console.models: the shared app imports another app",
+        "notifications: the shared app imports another app",
+        "openonce_site.settings: imports the project package",
+        "openonce_site: imports the project package",
+        "reconciler.health: the shared app imports another app",
+    ]
 
 
 # -- a random run, replayed through the table -----------------------------------------------

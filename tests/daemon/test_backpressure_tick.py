@@ -81,7 +81,7 @@ class World:
 def world(transactional_db, settings, monkeypatch) -> Iterator[World]:
     from django.db import connection
 
-    from openonce_site import ledger as site_ledger
+    from ledger import clients as site_ledger
     from reconciler import sweep as sweep_module
 
     site_ledger.reset()

@@ -1,6 +1,6 @@
 """``/metrics`` and the console's queue read what is pending, never history (issue 19), and
 agree with the reconciler on what is due: one rule (openonce_core/due.py), on the ledger's
-clock, served by the site's Grace (``openonce_site.ledger.get_grace``).
+clock, served by the site's Grace (``ledger.clients.get_grace``).
 
 The ledger's statements are watched through the site's store (its ``_all`` and ``_one``):
 no scrape runs a GROUP BY over all effects, and the terminal totals are counted at most
@@ -25,7 +25,7 @@ def ledger(transactional_db, settings) -> Iterator[str]:
     """The test database's ledger, emptied; grace from the provider capabilities."""
     from django.db import connection
 
-    from openonce_site import ledger as site_ledger
+    from ledger import clients as site_ledger
 
     site_ledger.reset()
     settings.OPENONCE_PROBERS = "tests.support.probers:PROBERS"
@@ -48,7 +48,7 @@ def unknown_past_grace(client) -> float:
 
 def test_the_reconciler_the_queue_and_the_metrics_agree_on_what_is_due(ledger, client) -> None:
     from console import selectors
-    from openonce_site.ledger import get_openonce, get_reconciler
+    from ledger.clients import get_openonce, get_reconciler
 
     oo = get_openonce()
     at = oo.clock.now()
@@ -71,7 +71,7 @@ def test_the_reconciler_the_queue_and_the_metrics_agree_on_what_is_due(ledger, c
 def test_a_scrape_counts_pending_states_and_keeps_terminal_totals_a_minute(
     ledger, client, monkeypatch
 ) -> None:
-    from openonce_site.ledger import get_openonce
+    from ledger.clients import get_openonce
     from reconciler import metrics
 
     oo = get_openonce()

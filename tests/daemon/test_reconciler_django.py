@@ -17,10 +17,12 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -479,7 +481,7 @@ def ledger(transactional_db, settings) -> Iterator[str]:
     """The test database's ledger, emptied; the reconciler wired to the test probers."""
     from django.db import connection
 
-    from openonce_site import ledger as site_ledger
+    from ledger import clients as site_ledger
 
     site_ledger.reset()
     settings.OPENONCE_PROBERS = "tests.support.probers:PROBERS"
@@ -511,7 +513,7 @@ def test_sweep_records_due_committed_and_probe_outcomes(ledger, settings) -> Non
     assert record.finished_at is not None and record.finished_at >= record.started_at
     assert record.oldest_unknown_age is not None and record.oldest_unknown_age >= 0
 
-    from console.models import Effect, JournalEntry
+    from ledger.models import Effect, JournalEntry
 
     assert dict(Effect.objects.filter(id__in=ids.values()).values_list("id", "state")) == {
         ids["paid-a"]: "committed",
@@ -604,26 +606,42 @@ def test_probe_errors_back_off_then_escalate_with_the_error(ledger, settings) ->
 
 
 def test_a_probe_that_times_out_counts_as_an_error(ledger, settings, monkeypatch) -> None:
+    import tests.support.probers as fake_probers
+    from reconciler import probes
     from reconciler.sweep import sweep
 
-    monkeypatch.setenv("OPENONCE_TEST_PROBE_SLEEP", "3.0")
+    # The probe hangs until the test lets it go: its thread outlives the sweep, and the
+    # sample it records when it ends must not land in a later test's sweep.
+    release = threading.Event()
+    monkeypatch.setattr(fake_probers, "time", SimpleNamespace(sleep=lambda _: release.wait(30)))
     settings.OPENONCE_PROBE_TIMEOUT = 0.2
     settings.OPENONCE_PROBE_RETRIES = 0
     eid = make_unknown(ledger, ["paid-slow"])["paid-slow"]
-    started = time.monotonic()
-    record = sweep("once")
-    assert time.monotonic() - started < 2.5  # the sweep did not wait for the 3 s probe
-    record.refresh_from_db()
-    # A timeout is the provider being slow, not an answer: asked again later, nobody paged.
-    assert (record.probe_errors, record.retried, record.escalated) == (1, 1, 0)
     oo = OpenOnce(ledger, migrate=False)
     try:
+        started = time.monotonic()
+        record = sweep("once")
+        assert time.monotonic() - started < 10  # the sweep did not wait for the held probe
+        record.refresh_from_db()
+        # A timeout is the provider being slow, not an answer: asked again later, nobody paged.
+        assert (record.probe_errors, record.retried, record.escalated) == (1, 1, 0)
         assert oo.get(eid).state == "unknown"
         line = oo.journal(eid)[-1]
         assert line.action == "reprobe"
         assert "provider unavailable (1/8): probe timed out after 0.2s" in line.reason
     finally:
         oo.close()
+        before = len(probes.pending())
+        release.set()
+        _await_samples(probes, before + 1)
+        probes.flush_discard()
+
+
+def _await_samples(probes: Any, count: int) -> None:
+    """Until the abandoned probe's thread has recorded its sample (at most 10 s)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(probes.pending()) < count:
+        threading.Event().wait(0.01)
 
 
 def test_health_judged_by_recorded_sweeps(ledger, settings) -> None:

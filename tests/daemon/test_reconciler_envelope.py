@@ -37,7 +37,7 @@ def ledger(transactional_db, settings) -> Iterator[str]:
     """The test database's ledger, emptied; the reconciler wired to the test probers."""
     from django.db import connection
 
-    from openonce_site import ledger as site_ledger
+    from ledger import clients as site_ledger
     from reconciler import probes
 
     site_ledger.reset()
@@ -142,7 +142,7 @@ def test_without_a_deadline_the_whole_batch_runs(ledger, settings) -> None:
 
 
 def test_soft_time_limit_propagates_out_of_a_batch(ledger, monkeypatch) -> None:
-    from openonce_site.ledger import get_reconciler
+    from ledger.clients import get_reconciler
     from reconciler.sweep import run_batch
 
     ids = list(make_unknown(ledger, ["paid-soft"]).values())
@@ -295,7 +295,7 @@ class Refused:
 def test_a_prober_refused_on_credentials_turns_health_red_until_it_answers(
     ledger, settings
 ) -> None:
-    from openonce_site import ledger as site_ledger
+    from ledger import clients as site_ledger
     from reconciler.health import reconciler_health
     from reconciler.sweep import sweep
 
@@ -362,7 +362,7 @@ def test_health_json_names_probers_quarantine_and_start(ledger, client, settings
 
 
 def test_livez_and_readyz(ledger, client, monkeypatch) -> None:
-    from openonce_site.ledger import get_openonce
+    from ledger.clients import get_openonce
 
     live = client.get("/livez")
     assert (live.status_code, live.json()) == (200, {"alive": True})

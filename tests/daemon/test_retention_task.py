@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -18,9 +17,8 @@ from django.utils import timezone
 
 from openonce_core import OpenOnce, open_store
 from openonce_core.errors import EffectArchivedError
-from openonce_core.testing import FakeClock
+from tests.support.retention import old_and_new_refunds
 
-DAY = 86400.0
 _OPEN: list[OpenOnce] = []  # the tests' own clients, closed after each test
 
 
@@ -29,7 +27,7 @@ def ledger(transactional_db, settings, tmp_path) -> Iterator[str]:
     """The test database's ledger, emptied; archives under the test's own folder."""
     from django.db import connection
 
-    from openonce_site import ledger as site_ledger
+    from ledger import clients as site_ledger
 
     site_ledger.reset()
     settings.OPENONCE_RETENTION_ARCHIVE_DIR = tmp_path / "archive"
@@ -51,23 +49,10 @@ def ledger(transactional_db, settings, tmp_path) -> Iterator[str]:
 
 def _refunds(ledger: str) -> tuple[Any, dict[str, str]]:
     """o-1 and o-2 ended 100 days ago; o-new just now. Returns the call and their ids."""
-    clock = FakeClock(start=time.time() - 100 * DAY)
-    oo = OpenOnce(ledger, migrate=False, retry_delay=0, clock=clock)
-    _OPEN.append(oo)
-    calls: list[str] = []
-
-    @oo.effect(tool="stripe.refund", idempotency_key=lambda order: order)
-    def refund(order: str) -> str:
-        calls.append(order)
-        return "re_" + order
-
-    refund("o-1")
-    refund("o-2")
-    clock.set(time.time())
-    refund("o-new")
-    ids = {e.args["order"]: e.id for e in oo.store.list_effects()}
-    refund.calls = calls  # type: ignore[attr-defined]
-    return refund, ids
+    made = old_and_new_refunds(ledger, migrate=False)
+    _OPEN.append(made.oo)
+    made.refund.calls = made.calls
+    return made.refund, made.ids()
 
 
 def _delivery(effect_id: str, seq: int) -> Any:
@@ -138,7 +123,7 @@ def test_the_task_is_off_by_default_and_still_clears_sessions(ledger, settings) 
     retention.apply()
 
     assert not settings.OPENONCE_RETENTION_ARCHIVE_DIR.exists()
-    from console.models import Effect
+    from ledger.models import Effect
 
     assert Effect.objects.filter(id__in=ids.values()).count() == 3
     assert list(Session.objects.values_list("session_key", flat=True)) == [live]
@@ -159,7 +144,7 @@ def test_a_run_that_stops_at_its_limit_queues_the_rest(ledger, settings, monkeyp
     task_module.retention.apply()  # the queued run: o-2, and nothing left to queue
     assert len(queued) == 1
 
-    from console.models import Effect
+    from ledger.models import Effect
 
     assert list(Effect.objects.values_list("id", flat=True)) == [ids["o-new"]]
 

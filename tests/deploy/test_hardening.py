@@ -443,7 +443,7 @@ def test_database_parts_carry_any_password_to_the_ledger_unchanged() -> None:
     password = "p/a#s@s:w ord'"
     code = (
         "import django; django.setup();"
-        "from django.conf import settings; from openonce_site.ledger import ledger_target;"
+        "from django.conf import settings; from ledger.clients import ledger_target;"
         "from psycopg.conninfo import conninfo_to_dict;"
         "print(repr(settings.DATABASES['default']['PASSWORD']));"
         "print(repr(conninfo_to_dict(ledger_target())['password']))"

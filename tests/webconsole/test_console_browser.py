@@ -23,6 +23,7 @@ import pytest
 from playwright.sync_api import Browser, Locator, Page, expect
 from test_console_views import PASSWORD, fresh_ledger, make_users
 
+from ledger import clients as site_ledger
 from openonce_core import (
     ApprovalPending,
     OpenOnce,
@@ -30,7 +31,6 @@ from openonce_core import (
     all_of,
     require_approval_for,
 )
-from openonce_site import ledger as site_ledger
 from tests.support.browser import screenshot, sign_in_with
 
 pytestmark = pytest.mark.django_db(transaction=True)

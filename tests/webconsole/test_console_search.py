@@ -21,7 +21,7 @@ from django.urls import reverse
 from test_console_views import UNKNOWN, Agent, client_for, decide, fresh_ledger, html, make_users
 
 from console import search, selectors
-from console.models import JournalEntry
+from ledger.models import JournalEntry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -209,7 +209,7 @@ SQLITE_SCRIPT = textwrap.dedent(
     from django.core.management import call_command
     call_command("migrate", verbosity=0)
     from openonce_core import OpenOnce
-    from openonce_site.ledger import get_openonce
+    from ledger.clients import get_openonce
     from console import search, selectors
 
     import inspect

@@ -31,6 +31,7 @@ from django.urls import reverse
 
 from console import selectors
 from console.roles import ROLES, sync_roles
+from ledger import clients as site_ledger
 from openonce_core import (
     ApprovalPending,
     OpenOnce,
@@ -41,7 +42,6 @@ from openonce_core import (
     require_approval_for,
 )
 from openonce_core.testing import FakeClock
-from openonce_site import ledger as site_ledger
 
 PASSWORD = "correct horse battery staple"
 CSRF = "c" * 32  # a CSRF secret as the cookie holds it; the header repeats it
@@ -271,7 +271,7 @@ def test_effects_list_filters_by_state_tool_scope_and_key(agent: Agent, users) -
 def test_effects_list_scope_filter_and_keyset_pages_keep_the_filter(
     agent: Agent, users, monkeypatch
 ) -> None:
-    from console.models import Effect
+    from ledger.models import Effect
 
     monkeypatch.setattr(selectors, "PAGE_SIZE", 2)
     with agent.oo.scope("run-42") as scope:

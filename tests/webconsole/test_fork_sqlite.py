@@ -2,7 +2,7 @@
 
 The core's SQLite store closes its connections before ``fork``; in the site, Django's
 ``default`` connection is open on the same file, and SQLite's lock state is per process
-and per file, so it must be closed too (console/apps.py). Run in a subprocess: the test
+and per file, so it must be closed too (ledger/apps.py). Run in a subprocess: the test
 process's Django is on Postgres.
 """
 

@@ -35,7 +35,7 @@ from test_console_views import (
 
 from console import lockouts, signin
 from console.roles import ROLES
-from openonce_site import ledger as site_ledger
+from ledger import clients as site_ledger
 
 WRONG = "not the password at all"
 OWNER_AT = "198.51.100.7"

@@ -290,7 +290,7 @@ def test_the_cursor_waits_for_a_line_still_being_committed(agent: Agent, receive
 
 
 def agent_lines(effect_id: str) -> list[int]:
-    from console.models import JournalEntry
+    from ledger.models import JournalEntry
 
     return list(JournalEntry.objects.filter(effect_id=effect_id).values_list("seq", flat=True))
 

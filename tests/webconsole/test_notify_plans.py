@@ -61,8 +61,8 @@ def no_channel() -> Any:
 
 def waiting_effects(n: int) -> None:
     """``n`` refunds waiting for approval, made as an agent makes them."""
+    from ledger import clients as site_ledger
     from openonce_core import ApprovalPending, OpenOnce, require_approval_for
-    from openonce_site import ledger as site_ledger
 
     oo = OpenOnce(site_ledger.get_openonce().store, policy=require_approval_for(["stripe.*"]))
     refund = oo.effect(
@@ -95,7 +95,7 @@ def delivered_long_ago(n: int) -> None:
 
 
 def newest_seq() -> int:
-    from console.models import JournalEntry
+    from ledger.models import JournalEntry
 
     return int(JournalEntry.objects.order_by("-seq").values_list("seq", flat=True)[0])
 

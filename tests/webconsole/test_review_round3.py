@@ -58,7 +58,7 @@ def test_a_forwarded_address_with_a_port_counts_as_the_address(
 ) -> None:
     """Some proxies append "address:port"; each connection has its own port, so counted
     with it every sign-in guess would come from a fresh address."""
-    from openonce_site.middleware import forwarded_client
+    from ledger.net import forwarded_client
 
     settings.OPENONCE_BEHIND_PROXY = True
     seen = {

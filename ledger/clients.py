@@ -3,15 +3,19 @@ process, opened on the same database as Django's ``default`` connection (which, 
 test runner, is the test database).
 
 Console actions and reconciler tasks change effects only through these (ARCHITECTURE.md
-invariant 1); the ORM models in ``console.models`` are the read side.
+invariant 1); the ORM models in ``ledger.models`` are the read side.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
+from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
+from django.utils.module_loading import import_string
 from psycopg.conninfo import make_conninfo
 
 from openonce_core import OpenOnce, Store, open_store
@@ -70,12 +74,9 @@ def get_reconciler() -> Reconciler:
     with _lock:
         reconciler = _reconcilers.get(target)
     if reconciler is None:
-        from reconciler.probes import instrument
-
         reconciler = build_reconciler(
             get_openonce(),
-            # Wrapped to time and log every probe for /metrics and health (reconciler.probes).
-            probers=instrument(settings.OPENONCE_PROBERS),
+            probers=_wrapped_probers(),
             require_provider_capability=settings.OPENONCE_REQUIRE_PROVIDER_CAPABILITY,
             conformance_file=settings.OPENONCE_CONFORMANCE_FILE,
             require_conformance=settings.OPENONCE_REQUIRE_CONFORMANCE,
@@ -92,6 +93,21 @@ def get_reconciler() -> Reconciler:
         with _lock:
             reconciler = _reconcilers.setdefault(target, reconciler)
     return reconciler
+
+
+def _wrapped_probers() -> str | Mapping[str, Any] | None:
+    """OPENONCE_PROBERS passed through ``OPENONCE_PROBER_WRAPPER``, a dotted path (the
+    project names the daemon's ``reconciler.probes.instrument``, which times and logs
+    every probe for /metrics and health); unwrapped when it is unset or None. A setting,
+    so that this shared app never imports the daemon."""
+    wrapper = getattr(settings, "OPENONCE_PROBER_WRAPPER", None)
+    if not wrapper:
+        return settings.OPENONCE_PROBERS
+    try:
+        wrap = import_string(wrapper)
+    except ImportError as exc:
+        raise ImproperlyConfigured(f"OPENONCE_PROBER_WRAPPER={wrapper!r}: {exc}") from None
+    return wrap(settings.OPENONCE_PROBERS)
 
 
 def reset() -> None:

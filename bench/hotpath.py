@@ -17,7 +17,7 @@ maintenance and the same fsyncs. Durability is the store's: SQLite in WAL with
 Each round runs ours and raw back to back, alternating which goes first; a side's result
 is its best round. Usage::
 
-    python bench/ledger.py [--sqlite-only] [--pg-dsn DSN] [--json] [--rounds N] [--no-prepare]
+    python bench/hotpath.py [--sqlite-only] [--pg-dsn DSN] [--json] [--rounds N] [--no-prepare]
 
 By default the store decides (``PostgresStore(prepare=None)``: server-side prepared
 statements on a direct TCP connection, as here); ``--no-prepare`` measures it as behind
