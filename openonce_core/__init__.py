@@ -10,7 +10,8 @@ against OpenOnce (a FakeClock, fake providers, the fault harness).
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from .classify import Classifier, FailureClass
 from .clock import Clock, DatabaseClock, SystemClock
@@ -37,6 +38,8 @@ from .errors import (
     InvalidReceiptError,
     LeaseLostError,
     LedgerWriteError,
+    MayHaveRunError,
+    NothingRanError,
     OpenOnceError,
     OutcomeUnknownError,
     ProbeCredentialError,
@@ -51,6 +54,16 @@ from .errors import (
     ScopeRequiredError,
     UnknownOutcomeError,
     WiringError,
+)
+from .helpers import (
+    ScannedEffectTool,
+    canonicalize,
+    capabilities_for_tool,
+    capability_from_dict,
+    capability_guidance_for_tool,
+    classify_exception,
+    derive_key,
+    scan_effect_tools,
 )
 from .ledger import Ledger
 from .observe import EffectEvent
@@ -70,8 +83,14 @@ from .runtime import EffectContext, OpenOnce, current_effect, current_scope, loa
 from .states import DECISIONS, MOVES, EffectState, decisions_allowed
 from .stores import InMemoryStore, SQLiteStore, Store, open_store
 
+if TYPE_CHECKING:
+    from . import testing as testing
+    from .stores.postgres import PostgresStore as PostgresStore
+
 __version__ = "0.1.0"
 
+# PostgresStore is importable by name but not listed: ``from openonce_core import *``
+# reads every listed name, and reading it needs psycopg (the ``openonce[postgres]`` extra).
 __all__ = [
     "DECISIONS",
     "MOVES",
@@ -114,11 +133,12 @@ __all__ = [
     "LeaseLostError",
     "Ledger",
     "LedgerWriteError",
+    "MayHaveRunError",
+    "NothingRanError",
     "OpenOnce",
     "OpenOnceError",
     "OutcomeUnknownError",
     "PolicyDecision",
-    "PostgresStore",
     "ProbeCredentialError",
     "ProbeError",
     "ProbeOutcome",
@@ -133,6 +153,7 @@ __all__ = [
     "ResultUnavailableError",
     "RetryableEffectError",
     "SQLiteStore",
+    "ScannedEffectTool",
     "SchemaVersionError",
     "ScopeRequiredError",
     "Store",
@@ -142,21 +163,32 @@ __all__ = [
     "WiringError",
     "all_of",
     "assert_conformance",
+    "canonicalize",
+    "capabilities_for_tool",
+    "capability_from_dict",
+    "capability_guidance_for_tool",
+    "classify_exception",
     "current_effect",
     "current_scope",
     "decisions_allowed",
+    "derive_key",
     "effect_metadata",
     "load_capabilities_file",
     "load_pepper",
     "open_store",
     "require_approval_for",
+    "scan_effect_tools",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    # Postgres support is an extra (``openonce[postgres]``): psycopg is imported on demand.
+    # Loaded on first use: Postgres support is an extra (``openonce[postgres]``), so
+    # psycopg is imported only when PostgresStore is asked for; the testing kit is for
+    # tests, and ``openonce_core.testing`` works without importing it first.
     if name == "PostgresStore":
         from .stores.postgres import PostgresStore
 
         return PostgresStore
-    raise AttributeError(name)
+    if name == "testing":
+        return importlib.import_module(".testing", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

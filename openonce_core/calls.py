@@ -687,10 +687,7 @@ class CallPath:
             if row.result_json is None and row.execution_evidence_json is not None:
                 evidence = _loads(row.execution_evidence_json)
                 if "result_unavailable" in evidence:
-                    raise ResultUnavailableError(
-                        f"effect {row.id} committed, but its return value was not stored"
-                        f" ({evidence['result_unavailable']}), so it cannot be replayed"
-                    )
+                    raise ResultUnavailableError(row.id, str(evidence["result_unavailable"]))
             return _loads(row.result_json) if row.result_json is not None else None
         raise rebuild(row.id, _loads(row.error_json) if row.error_json is not None else None)
 

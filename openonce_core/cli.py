@@ -2,6 +2,11 @@
 
 Exit status: 0 done, 1 refused (illegal transition, unknown id, bad receipt), 2 bad usage.
 Every error is one line on stderr.
+
+Everything printed goes through ``_say``: the ledger holds text an agent or a person
+wrote, and a character that hides or reorders text, or an escape sequence that clears the
+screen or plants a link, reaches the terminal as a visible ``[U+001B]`` marker instead,
+the same marker the console shows (``openonce_core.textsafe``).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 from .cli_providers import add_providers_parser
 from .cli_test import add_test_parser
@@ -24,7 +29,13 @@ from .records import Effect
 from .retention import RetentionPolicy, import_archive, parse_duration, run_retention
 from .runtime import OpenOnce
 from .stores import open_store
+from .textsafe import marked
 from .wiring import build_openonce, build_reconciler
+
+
+def _say(text: object = "", *, file: TextIO | None = None, flush: bool = False) -> None:
+    """``print``, with every hidden character shown as a marker (the module's docstring)."""
+    print(marked(str(text)), file=file, flush=flush)
 
 
 def _when(ts: float | None) -> str:
@@ -53,9 +64,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if before == after:
-        print(f"ledger schema already at version {after}")
+        _say(f"ledger schema already at version {after}")
     else:
-        print(f"ledger schema migrated from version {before} to {after}")
+        _say(f"ledger schema migrated from version {before} to {after}")
     return 0
 
 
@@ -63,14 +74,14 @@ def cmd_review(args: argparse.Namespace) -> int:
     with _open(args) as oo:
         effects = oo.review(limit=args.limit)
     if args.json:
-        print(json.dumps([_effect_json(e) for e in effects], indent=2))
+        _say(json.dumps([_effect_json(e) for e in effects], indent=2))
         return 0
     for e in effects:
-        print(
+        _say(
             f"* {_short(e.id)}  {e.state:<17} {e.tool:<15} "
             f"attempt {e.attempt}/{e.max_attempts}  {_when(e.updated_at)}"
         )
-    print(
+    _say(
         f"{len(effects)} effect(s) need a human. Use approve for pending approvals,"
         " resolve-happened to commit evidence, resolve-not-happened to retry,"
         " or deny pending approvals."
@@ -99,25 +110,25 @@ def cmd_show(args: argparse.Namespace) -> int:
         doc["approvals"] = [
             {"decision": a.decision, "by": a.by, "reason": a.reason, "at": a.at} for a in approvals
         ]
-        print(json.dumps(doc, indent=2))
+        _say(json.dumps(doc, indent=2))
         return 0
-    print(f"{effect.id}  {effect.tool}  {effect.state}")
-    print(f"  key:          {effect.idempotency_key}")
-    print(f"  scope:        {effect.scope or '-'}")
-    print(f"  provider key: {effect.provider_key}")
-    print(f"  attempt:      {effect.attempt}/{effect.max_attempts}")
-    print(f"  arguments:    {json.dumps(effect.args, ensure_ascii=False)}")
-    print(f"  execution:    {effect.execution_status or '-'}  {_j(effect.execution_evidence)}")
-    print(
-        f"  verification: {effect.verification_status or '-'}  {_j(effect.verification_evidence)}"
-    )
+    _say(f"{effect.id}  {effect.tool}  {effect.state}")
+    _say(f"  key:          {effect.idempotency_key}")
+    _say(f"  scope:        {effect.scope or '-'}")
+    _say(f"  provider key: {effect.provider_key}")
+    _say(f"  attempt:      {effect.attempt}/{effect.max_attempts}")
+    _say(f"  arguments:    {json.dumps(effect.args, ensure_ascii=False)}")
+    _say(f"  execution:    {effect.execution_status or '-'}  {_j(effect.execution_evidence)}")
+    _say(f"  verification: {effect.verification_status or '-'}  {_j(effect.verification_evidence)}")
     if effect.state == "committed":
-        print(f"  result:       {_j(effect.result)}")
-    print("  journal:")
+        _say(f"  result:       {_j(effect.result)}")
+    if effect.error:
+        _say(f"  error:        {effect.error.get('type')}: {effect.error.get('message')}")
+    _say("  journal:")
     for j in journal:
         extra = "  " + json.dumps(j.evidence, ensure_ascii=False) if j.evidence else ""
         why = f"  {j.actor}" + (f": {j.reason}" if j.reason else "")
-        print(f"    {_when(j.at)} {j.from_state or '':>17} -> {j.to_state}{why}{extra}")
+        _say(f"    {_when(j.at)} {j.from_state or '':>17} -> {j.to_state}{why}{extra}")
     return 0
 
 
@@ -150,21 +161,21 @@ def _effect_json(e: Effect) -> dict[str, Any]:
 def cmd_approve(args: argparse.Namespace) -> int:
     with _open(args) as oo:
         effect = oo.approve(args.effect_id, by=args.by, reason=args.reason)
-    print(f"approved {_short(effect.id)} — now {effect.state}")
+    _say(f"approved {_short(effect.id)} — now {effect.state}")
     return 0
 
 
 def cmd_deny(args: argparse.Namespace) -> int:
     with _open(args) as oo:
         effect = oo.deny(args.effect_id, by=args.by, reason=args.reason)
-    print(f"denied {_short(effect.id)}")
+    _say(f"denied {_short(effect.id)}")
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     with _open(args) as oo:
         effect = oo.cancel(args.effect_id, by=args.by, reason=args.reason)
-    print(f"cancelled {_short(effect.id)}")
+    _say(f"cancelled {_short(effect.id)}")
     return 0
 
 
@@ -182,7 +193,7 @@ def cmd_resolve_happened(args: argparse.Namespace) -> int:
             require_receipt_contract=args.require_receipt_contract or None,
             require_provider_capability=args.require_provider_capability or None,
         )
-    print(f"resolved {_short(effect.id)} as happened — committed with manual receipt")
+    _say(f"resolved {_short(effect.id)} as happened — committed with manual receipt")
     return 0
 
 
@@ -195,7 +206,7 @@ def cmd_resolve_not_happened(args: argparse.Namespace) -> int:
             require_auto_rearm=args.require_auto_rearm,
             require_provider_capability=args.require_provider_capability,
         )
-    print(f"resolved {_short(effect.id)} as not happened — re-armed for retry")
+    _say(f"resolved {_short(effect.id)} as not happened — re-armed for retry")
     return 0
 
 
@@ -213,9 +224,9 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
     def show(report: ReconcileReport) -> None:
         if args.json:
-            print(json.dumps(report.to_json()), flush=True)
+            _say(json.dumps(report.to_json()), flush=True)
         elif not args.watch or report.resolved or report.expired or report.lost_races:
-            print(f"{_when(time.time())} {report}", flush=True)
+            _say(f"{_when(time.time())} {report}", flush=True)
 
     try:
         if not args.watch:
@@ -224,7 +235,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         stopping = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stopping.set())
-        print(f"reconciling every {args.interval:g}s; Ctrl-C stops", file=sys.stderr)
+        _say(f"reconciling every {args.interval:g}s; Ctrl-C stops", file=sys.stderr)
         reconciler.watch(args.interval, stop=stopping.is_set, on_sweep=show)
         return 0
     finally:
@@ -237,7 +248,7 @@ def cmd_retention(args: argparse.Namespace) -> int:
     try:
         if args.retention_command == "import":
             imported = import_archive(store, args.file)
-            print(json.dumps(imported.to_json()) if args.json else imported)
+            _say(json.dumps(imported.to_json()) if args.json else imported)
             return 0
         policy = RetentionPolicy(
             older_than=args.older_than, batch_size=args.batch, pause=args.pause
@@ -245,7 +256,7 @@ def cmd_retention(args: argparse.Namespace) -> int:
         report = run_retention(store, policy, args.archive_dir, dry_run=args.dry_run)
     finally:
         store.close()
-    print(json.dumps(report.to_json()) if args.json else report)
+    _say(json.dumps(report.to_json()) if args.json else report)
     return 0
 
 
@@ -411,10 +422,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (OpenOnceError, ValueError) as exc:
-        print(f"openonce: {exc}", file=sys.stderr)
+        _say(f"openonce: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # a database that cannot be reached, say
-        print(f"openonce: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _say(f"openonce: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 
 

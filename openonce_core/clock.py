@@ -17,6 +17,7 @@ time (``leases.lease_lapsed``).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -62,6 +63,72 @@ class SystemClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+# What ``clock=`` takes: a Clock, or a zero-argument callable returning epoch seconds
+# (``time.time``, a test's ``lambda: now[0]``), as the seed implementation did.
+ClockLike = Clock | Callable[[], float]
+
+
+class CallableClock(SystemClock):
+    """A zero-argument callable as the ledger's wall time (``now``).
+
+    A callable gives wall time only. Durations — how long to wait for an in-flight
+    duplicate, when to renew a lease, how long a lease has gone un-renewed — are counted
+    on this host's monotonic clock, as with :class:`SystemClock`: a callable that stands
+    still (a test's lambda) must not make those waits last for ever. To move leases and
+    waits by hand in a test, pass a :class:`FakeClock`."""
+
+    def __init__(self, read: Callable[[], float]) -> None:
+        self._read = read
+
+    def now(self) -> float:
+        return _epoch_seconds(self._read(), self._read)
+
+    def __repr__(self) -> str:
+        return f"CallableClock({self._read!r})"
+
+
+def as_clock(clock: ClockLike | None) -> Clock | None:
+    """``clock`` as a :class:`Clock`: a Clock (anything with ``now()``) as it is, a
+    zero-argument callable wrapped in a :class:`CallableClock`, None as None.
+
+    Anything else is refused now, with what to pass, rather than failing at the first
+    call; a callable is read once here so one that returns no number is refused too."""
+    if clock is None:
+        return None
+    if isinstance(clock, type):
+        raise TypeError(
+            f"clock={clock.__name__}: pass an instance ({clock.__name__}()) or a"
+            " zero-argument callable returning epoch seconds, such as time.time"
+        )
+    if callable(getattr(clock, "now", None)):
+        return clock  # type: ignore[return-value]
+    if not callable(clock):
+        raise TypeError(
+            f"clock={clock!r}: pass a Clock (an object with now(), such as"
+            " openonce_core.testing.FakeClock()) or a zero-argument callable returning"
+            " epoch seconds, such as time.time"
+        )
+    try:
+        reading = clock()
+    except TypeError as exc:
+        raise TypeError(
+            f"clock={clock!r} cannot be called without arguments ({exc}); pass a"
+            " zero-argument callable returning epoch seconds, such as time.time"
+        ) from None
+    _epoch_seconds(reading, clock)
+    return CallableClock(clock)
+
+
+def _epoch_seconds(value: object, read: Callable[[], float]) -> float:
+    # bool is an int, and no time; NaN or infinity would make every lease end never.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TypeError(
+            f"clock={read!r} returned {value!r}; a clock callable returns epoch seconds"
+            " (a finite int or float), as time.time does"
+        )
+    return float(value)
 
 
 def monotonic_of(clock: Clock) -> float:

@@ -429,7 +429,7 @@ class Decisions:
         allowed = move_for(action).sources
         effect = self.get(effect_id)
         if expected_fence is not None and effect.fence != expected_fence:
-            raise EffectChangedError(effect_id, effect.state)
+            raise EffectChangedError(effect_id, effect.state, _VERBS.get(action, action))
         # A lapsed lease makes the effect UNKNOWN, but only on the way to a decision that
         # UNKNOWN allows: a refused call changes nothing.
         if S.UNKNOWN in allowed and effect.state == S.STARTED and lease_lapsed(effect, self.clock):

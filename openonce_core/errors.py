@@ -1,36 +1,93 @@
 """Every error OpenOnce raises, and what the caller should do next.
 
+An agent calling a decorated tool needs two ``except`` clauses, one per question it must
+answer before it goes on: is the world as it was before, or may the effect be out there?
+
+::
+
+    try:
+        receipt = refund(order_id, amount=1200)
+    except NothingRanError as e:      # not done: say why, plan around it
+        tell_model(f"not done: {e}")
+    except MayHaveRunError as e:      # maybe done: never do it again another way
+        tell_model(f"may have happened, effect {e.effect_id}: {e}")
+
 ::
 
     OpenOnceError
-    ├── InvalidArgumentsError        arguments are not strict JSON (names the field)
-    │   └── FloatInKeyMaterialError  a float where a key is derived: use integer minor units
-    ├── ScopeRequiredError           a derived key needs ``with oo.scope(...)``
-    ├── IdempotencyMismatchError     the key was used with different arguments
-    ├── EffectArchivedError          the key's effect was archived: not run again (import it)
+    ├── NothingRanError              this call ran nothing, and no effect of it is in doubt
+    │   ├── InvalidArgumentsError        arguments are not strict JSON (names the field)
+    │   │   └── FloatInKeyMaterialError  a float where a key is derived: use integer minor units
+    │   ├── ScopeRequiredError           a derived key needs ``with oo.scope(...)``
+    │   ├── IdempotencyMismatchError     the key was used with different arguments: new key
+    │   ├── ProviderContractError        the call breaks its provider capability's contract
+    │   ├── ApprovalPending              the call needs approval; retry the same call later
+    │   │   └── ApprovalExpired          an approval expired before the call ran (fail closed)
+    │   ├── ApprovalDenied               a person denied it; the call never runs
+    │   ├── EffectCancelled              a person cancelled it; the call never runs
+    │   └── HandlerNotStartedError       the handler never began (its loop closed): call again
+    ├── MayHaveRunError              the effect may have happened, or did: do not make it again
+    │   ├── OutcomeUnknownError          it may have happened; a probe or a person settles it
+    │   ├── EffectInFlightError          another caller is running it right now; look later
+    │   ├── EffectArchivedError          the key's effect ended long ago and was archived
+    │   ├── ResultUnavailableError       it happened, but its return value could not be stored
+    │   ├── ReceiptContractError         it returned a receipt that breaks the contract: held
+    │   └── LedgerWriteError             the handler ran, recording its outcome failed
+    │       └── LeaseLostError           a newer owner holds the effect; this result is evidence
+    │
+    │   neither: a person's decision was refused (the console, ``oo.approve``, ...);
+    │   nothing changed, and no tool call raises these
+    ├── EffectNotFoundError          no effect has that id
+    ├── IllegalTransitionError       the effect's state does not allow that decision
+    │   └── EffectChangedError       it changed since the decision was prepared
     ├── InvalidReceiptError          a receipt that is not a non-empty JSON object
     │   └── ReceiptIdentityError     a person's receipt names another effect
-    ├── ProviderContractError        the call breaks its provider capability's contract
-    ├── ReceiptContractError         the handler's receipt breaks it: held for a person
-    ├── EffectNotFoundError          no effect has that id
-    ├── IllegalTransitionError       the effect's state does not allow that call
-    │   └── EffectChangedError       it changed since the decision was prepared
-    ├── ApprovalPending              the call needs approval; retry the same call later
-    │   └── ApprovalExpired          an approval expired before the call ran (fail closed)
-    ├── ApprovalDenied               a person denied it; the call never runs
-    ├── EffectCancelled              a person cancelled it; the call never runs
-    ├── EffectInFlightError          another caller holds the effect; wait or look later
-    ├── OutcomeUnknownError          the call may have happened; never retry it blindly
-    ├── ResultUnavailableError       it happened, but its return value could not be stored
-    ├── EffectFailed                 replay of a failure whose exception class is not loaded
     ├── ApproverAlreadyCounted       one person cannot approve twice
-    ├── LedgerWriteError             the handler ran, recording its outcome failed
-    │   └── LeaseLostError           a newer owner holds the effect; this result is evidence only
-    ├── HandlerNotStartedError       the handler never began (its loop closed): call again
+    │
+    │   neither: the replay of a handler's own failure
+    ├── EffectFailed                 a recorded failure whose exception class is not loaded
+    │
+    │   neither: the setup is wrong; no call can succeed until a person fixes it
     ├── SchemaVersionError           the ledger schema is newer or older than this code
     ├── ConfigurationError           set up in a way that breaks a promise (secrets, no pepper)
     ├── CapabilityError              provider knowledge that cannot be used (names the field)
-    └── WiringError                  a probers / capabilities reference that cannot be loaded
+    ├── WiringError                  a probers / capabilities reference that cannot be loaded
+    └── retention.ArchiveError       an archive that cannot be read or imported
+
+Why each error sits where it does — decided by what an agent must do next:
+
+* ``NothingRanError`` promises that this call sent nothing and that no attempt of its
+  effect is in doubt. The agent may report "not done" and plan around it. Bad arguments
+  belong here, not with the setup errors: in an agent loop the arguments come from the
+  model, so the message goes back to the model to fix them.
+* ``MayHaveRunError`` says the effect may be out in the world: OpenOnce will not run it
+  again, and the agent must not either, under a new key or with another tool. The same
+  call answers from the ledger once a probe or a person settles it. Two members did not
+  run anything in *this* call, and still belong here: ``EffectInFlightError`` (another
+  caller's attempt is running now and may already have reached the provider) and
+  ``EffectArchivedError`` (the key's effect ended long ago, perhaps committed; its
+  ``state`` says how). Treating either as "not done" is the double execution OpenOnce
+  exists to prevent; for an archived effect that was denied or failed, the caution costs
+  only a look at ``state``.
+* Neither: a refused decision is an answer to a person, not to an agent's call. The
+  replay of a recorded failure stands for the handler's own exception (a
+  ``BusinessError``, say), which OpenOnce lets through as it is: handle both where you
+  handle the handler's errors. A setup error says every call will fail: an agent loop
+  that caught it would keep going with a broken deployment, so let it stop the loop.
+
+Every ``MayHaveRunError`` names its effect in ``effect_id``; so does every
+``NothingRanError`` raised once the call has an effect.
+
+Every error here (and every subclass, yours included) crosses a process boundary:
+``pickle`` and ``copy`` rebuild it by calling its constructor with the arguments it was
+made with, so its type, message, arguments and attributes survive a process pool, a
+pickled task result, ``multiprocessing``. A value a handler produced (a
+``LedgerWriteError``'s ``observed_value``, a ``ReceiptContractError``'s ``value``) that
+cannot be pickled crosses as its ``repr`` rather than failing the whole error. Celery's json
+result serializer cannot rebuild them (it calls the class with the message alone): use
+its pickle serializer for task results that may hold one.
+
+::
 
     ConformanceError       (an AssertionError) a prober's results miss its conformance plan
 
@@ -48,19 +105,92 @@ them. A ProbeError says nothing about the effect itself.
 
 from __future__ import annotations
 
+import pickle
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar, Self
+
+# The longest repr kept of a handler's value that cannot be pickled.
+MAX_REPR = 2000
 
 
 def _utc(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-class OpenOnceError(Exception):
+class _Portable(Exception):
+    """Pickles and copies as a call of its constructor with the arguments it was made with
+    (kept by ``__new__``), so a subclass with an ``__init__`` of its own needs nothing more.
+
+    The default would call ``cls(*self.args)``, that is with the finished message alone:
+    in the receiving process a TypeError (``missing ... 'tool'``) instead of the error."""
+
+    # Constructor arguments (stored as attributes) that hold a value the caller's code made,
+    # which may not pickle (an SDK object holding a socket): they cross as their repr.
+    _foreign: ClassVar[tuple[str, ...]] = ()
+    _made_with: tuple[tuple[Any, ...], dict[str, Any]]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        self = super().__new__(cls, *args, **kwargs)
+        self._made_with = (args, kwargs)
+        return self
+
+    def __reduce__(self) -> str | tuple[Any, ...]:
+        made_with = self.__dict__.get("_made_with")
+        if made_with is None:  # made without its constructor: the default way, then
+            return super().__reduce__()
+        args, kwargs = made_with
+        state = {k: v for k, v in self.__dict__.items() if k != "_made_with"}
+        if self._foreign:
+            # The attribute is the very object the constructor was given: swap it by identity.
+            swap = {id(state[n]): _portable(state[n]) for n in self._foreign if n in state}
+            args = tuple(swap.get(id(a), a) for a in args)
+            kwargs = {k: swap.get(id(v), v) for k, v in kwargs.items()}
+            state = {k: swap.get(id(v), v) for k, v in state.items()}
+        return (_rebuild, (type(self), args, kwargs, self.args), state)
+
+
+def _rebuild(
+    cls: type[BaseException], args: tuple[Any, ...], kwargs: dict[str, Any], exc_args: Any
+) -> BaseException:
+    exc = cls(*args, **kwargs)
+    exc.args = exc_args  # as it was, had anyone changed it since
+    return exc
+
+
+def _portable(value: Any) -> Any:
+    """``value`` if it pickles, else its repr: a value that cannot cross must not keep the
+    error that carries it (a LedgerWriteError's "do not repeat the call") from crossing."""
+    try:
+        pickle.dumps(value)
+    except Exception:
+        try:
+            return repr(value)[:MAX_REPR]
+        except Exception:
+            return object.__repr__(value)
+    return value
+
+
+class OpenOnceError(_Portable):
     """Base of every error OpenOnce itself raises."""
 
 
-class InvalidArgumentsError(OpenOnceError, ValueError):
+class NothingRanError(OpenOnceError):
+    """This call sent nothing, and no attempt of its effect is in doubt: the world is as it
+    was. Report "not done" and why; the subclass says what can be done next (approve and
+    call again, fix the arguments, use a new key). Those raised once the call has an effect
+    name it in ``effect_id``; bad arguments, a missing scope or a broken contract are
+    refused before there is one."""
+
+
+class MayHaveRunError(OpenOnceError):
+    """The effect may have happened, or did. Never make it again another way (a new key,
+    another tool): the same call answers from the ledger once a probe or a person settles
+    it, and ``effect_id`` names it for whoever does."""
+
+    effect_id: str  # every subclass sets it: there is always an effect to look at
+
+
+class InvalidArgumentsError(NothingRanError, ValueError):
     """An argument is not strict JSON. ``path`` names the offending field (``$.items[2]``)."""
 
     def __init__(self, path: str, problem: str) -> None:
@@ -73,26 +203,28 @@ class FloatInKeyMaterialError(InvalidArgumentsError):
     """Floats are ambiguous as key material (0.1 + 0.2); pass integer minor units instead."""
 
 
-class ScopeRequiredError(OpenOnceError):
+class ScopeRequiredError(NothingRanError):
     """A key derived from arguments needs a run scope, so two runs are not collapsed."""
 
 
-class IdempotencyMismatchError(OpenOnceError):
+class IdempotencyMismatchError(NothingRanError):
     """The idempotency key is already used by a call with different arguments."""
 
     def __init__(self, effect_id: str, tool: str) -> None:
         self.effect_id = effect_id
+        self.tool = tool
         super().__init__(
             f"idempotency key of {tool!r} already used with different arguments by {effect_id};"
             " nothing was run. Use a new key for a different request."
         )
 
 
-class EffectArchivedError(OpenOnceError):
+class EffectArchivedError(MayHaveRunError):
     """The key's effect ran (or was refused) long ago and the retention archived it: what
     remains in the ledger is a tombstone of its key, so this duplicate is not run again.
-    Nothing ran here. ``openonce retention import ARCHIVE`` brings the effect back, and
-    the same call then replays its recorded outcome."""
+    Nothing ran here, but the effect may have (``state`` says how it ended).
+    ``openonce retention import ARCHIVE`` brings the effect back, and the same call then
+    replays its recorded outcome."""
 
     def __init__(
         self, effect_id: str, tool: str, state: str, archived_at: float, archive: str
@@ -127,13 +259,15 @@ class ReceiptIdentityError(InvalidReceiptError):
         )
 
 
-class ProviderContractError(OpenOnceError):
+class ProviderContractError(NothingRanError):
     """The call does not meet its provider capability's contract; nothing was run."""
 
 
-class ReceiptContractError(OpenOnceError):
+class ReceiptContractError(MayHaveRunError):
     """The handler returned, but its receipt breaks the provider contract. The effect is in
     HUMAN_REVIEW with the value kept for audit; it is not replayed to duplicates."""
+
+    _foreign = ("value",)
 
     def __init__(self, effect_id: str, problems: list[str], value: Any) -> None:
         self.effect_id = effect_id
@@ -157,24 +291,29 @@ class IllegalTransitionError(OpenOnceError):
     def __init__(self, effect_id: str, state: str, action: str, allowed: str = "") -> None:
         self.effect_id = effect_id
         self.state = state
-        msg = f"cannot {action} effect {effect_id}: it is {state}"
-        super().__init__(msg + (f" ({allowed})" if allowed else ""))
+        self.action = action
+        self.allowed = allowed
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        text = f"cannot {self.action} effect {self.effect_id}: it is {self.state}"
+        return text + (f" ({self.allowed})" if self.allowed else "")
 
 
 class EffectChangedError(IllegalTransitionError):
     """The effect moved since the person looked at it; nothing was applied. Look again."""
 
-    def __init__(self, effect_id: str, state: str) -> None:
-        OpenOnceError.__init__(
-            self,
-            f"effect {effect_id} changed since you looked at it (now {state}); nothing was"
-            " applied — reload and decide again",
+    def __init__(self, effect_id: str, state: str, action: str = "decide") -> None:
+        super().__init__(effect_id, state, action)
+
+    def _message(self) -> str:
+        return (
+            f"effect {self.effect_id} changed since you looked at it (now {self.state});"
+            " nothing was applied — reload and decide again"
         )
-        self.effect_id = effect_id
-        self.state = state
 
 
-class ApprovalPending(OpenOnceError):
+class ApprovalPending(NothingRanError):
     """The call needs approval. Retry the very same call after ``oo.approve(effect_id)``."""
 
     def __init__(self, effect_id: str, tool: str, approvals: int = 0, required: int = 1) -> None:
@@ -191,7 +330,7 @@ class ApprovalExpired(ApprovalPending):
     """The approval lapsed before the call ran; a fresh approval is needed (fail closed)."""
 
 
-class ApprovalDenied(OpenOnceError):
+class ApprovalDenied(NothingRanError):
     def __init__(self, effect_id: str, by: str, reason: str) -> None:
         self.effect_id = effect_id
         self.by = by
@@ -199,37 +338,50 @@ class ApprovalDenied(OpenOnceError):
         super().__init__(f"effect {effect_id} was denied by {by}: {reason}")
 
 
-class EffectCancelled(OpenOnceError):
+class EffectCancelled(NothingRanError):
     def __init__(self, effect_id: str, by: str, reason: str) -> None:
         self.effect_id = effect_id
+        self.by = by
+        self.reason = reason
         super().__init__(f"effect {effect_id} was cancelled by {by}: {reason}")
 
 
-class EffectInFlightError(OpenOnceError):
-    """Another caller is running this effect and did not finish within the wait."""
+class EffectInFlightError(MayHaveRunError):
+    """Another caller is running this effect and did not finish within the wait. This call
+    ran nothing, but that caller's attempt may already have reached the provider."""
 
     def __init__(self, effect_id: str, waited: float) -> None:
         self.effect_id = effect_id
+        self.waited = waited
         super().__init__(
             f"effect {effect_id} is still running in another caller after {waited:.1f}s;"
             " it was not run again. Retry later to get its result."
         )
 
 
-class OutcomeUnknownError(OpenOnceError):
+class OutcomeUnknownError(MayHaveRunError):
     """The call may have happened. It is parked as UNKNOWN until evidence resolves it."""
 
     def __init__(self, effect_id: str, tool: str, detail: str = "") -> None:
         self.effect_id = effect_id
         self.tool = tool
+        self.detail = detail
         super().__init__(
             f"outcome of {tool} is unknown (effect {effect_id}); it will not be retried"
             " until a probe or a person resolves it" + (f": {detail}" if detail else "")
         )
 
 
-class ResultUnavailableError(OpenOnceError):
+class ResultUnavailableError(MayHaveRunError):
     """The effect committed but its return value was not JSON, so it cannot be replayed."""
+
+    def __init__(self, effect_id: str, detail: str) -> None:
+        self.effect_id = effect_id
+        self.detail = detail
+        super().__init__(
+            f"effect {effect_id} committed, but its return value was not stored ({detail}),"
+            " so it cannot be replayed"
+        )
 
 
 class EffectFailed(OpenOnceError):
@@ -238,24 +390,28 @@ class EffectFailed(OpenOnceError):
     def __init__(self, effect_id: str, error_type: str, message: str) -> None:
         self.effect_id = effect_id
         self.error_type = error_type
+        self.message = message
         super().__init__(f"effect {effect_id} failed earlier with {error_type}: {message}")
 
 
 class ApproverAlreadyCounted(OpenOnceError):
     def __init__(self, effect_id: str, by: str) -> None:
         self.effect_id = effect_id
+        self.by = by
         super().__init__(
             f"{by} already approved effect {effect_id}; another person has to approve it"
         )
 
 
-class LedgerWriteError(OpenOnceError):
+class LedgerWriteError(MayHaveRunError):
     """The handler ran but its outcome could not be recorded.
 
     Never permission to repeat the call: inspect the ledger. ``observed_outcome`` is what
     this process saw (``"returned"``, ``"failed"``, ``"unknown"``, ...), ``observed_value``
-    the handler's return value or exception.
+    the handler's return value or exception (its repr, once pickled, if it cannot be).
     """
+
+    _foreign = ("observed_value",)
 
     def __init__(
         self, effect_id: str, observed_outcome: str, observed_value: Any, cause: str
@@ -263,6 +419,7 @@ class LedgerWriteError(OpenOnceError):
         self.effect_id = effect_id
         self.observed_outcome = observed_outcome
         self.observed_value = observed_value
+        self.cause = cause
         super().__init__(
             f"effect {effect_id}: the handler ran ({observed_outcome}) but recording it failed:"
             f" {cause}. Do not repeat the call; the effect resolves through the ledger."
@@ -273,12 +430,13 @@ class LeaseLostError(LedgerWriteError):
     """Another owner took the effect over; this attempt's result was kept as evidence only."""
 
 
-class HandlerNotStartedError(OpenOnceError, RuntimeError):
+class HandlerNotStartedError(NothingRanError, RuntimeError):
     """The handler never began (its event loop closed first): nothing was sent, and the
     effect is PLANNED again, so the same call runs it later."""
 
     def __init__(self, effect_id: str, detail: str) -> None:
         self.effect_id = effect_id
+        self.detail = detail
         super().__init__(f"effect {effect_id}: the handler never started ({detail}); call again")
 
 
@@ -302,24 +460,24 @@ class CapabilityError(OpenOnceError, ValueError):
     """
 
 
-class ConformanceError(AssertionError):
+class ConformanceError(_Portable, AssertionError):
     """A prober's results do not match its capability's conformance plan."""
 
 
-class BusinessError(Exception):
+class BusinessError(_Portable):
     """Raise (or subclass) from a handler when the provider definitively said no — a card
     declined, a validation refusal. Recorded FAILED and replayed to duplicates."""
 
 
-class RetryableEffectError(Exception):
+class RetryableEffectError(_Portable):
     """Raise from a handler when the effect definitely did not happen and may run again."""
 
 
-class UnknownOutcomeError(Exception):
+class UnknownOutcomeError(_Portable):
     """Raise from a handler when the effect may have happened (a lost reply, a timeout)."""
 
 
-class ProbeError(Exception):
+class ProbeError(_Portable):
     """Raise from a prober when the provider could not be asked at all.
 
     ``provider`` names the provider ("stripe", "github", "imap"), ``status`` the HTTP status

@@ -44,7 +44,7 @@ from typing import Any
 
 from .canonical import check_json
 from .classify import provider_had_it
-from .clock import Clock
+from .clock import Clock, ClockLike, as_clock
 from .due import Grace, overdue_unknown, probe_pause, started_due, stopped_calls, unknown_due
 from .errors import InvalidArgumentsError, ProbeCredentialError, ProbeError, ProbeTransientError
 from .failures import message_text, safe_text
@@ -155,8 +155,9 @@ class Reconciler:
         young_reprobes: int = 20,
         maturity_window: float = 7200.0,
         owner: str = "reconciler",
-        clock: Clock | None = None,
+        clock: ClockLike | None = None,
     ) -> None:
+        clock = as_clock(clock)
         self.oo = target if isinstance(target, OpenOnce) else OpenOnce(target, clock=clock)
         self.clock: Clock = clock or self.oo.clock
         self.matrix = CapabilityMatrix(extra=(*self.oo.extra_capabilities, *extra_capabilities))

@@ -29,7 +29,7 @@ from . import forksafe, schema
 from .bridge import run_on_loop
 from .calls import CallPath
 from .classify import Classifier
-from .clock import Clock
+from .clock import Clock, ClockLike, as_clock
 from .contracts import Contracts
 from .decisions import Decisions
 from .errors import ConfigurationError, OpenOnceError
@@ -116,8 +116,9 @@ class OpenOnce(Contracts, CallPath, Decisions):
     one per process is enough.
 
     ``target`` is a SQLite path, a ``postgresql://`` DSN, ``":memory:"`` or a Store.
-    ``clock`` replaces the ledger's time source (tests pass a FakeClock); by default it is
-    the store's own (the database's clock on Postgres).
+    ``clock`` replaces the ledger's time source: a Clock (tests pass a FakeClock) or a
+    zero-argument callable returning epoch seconds (``time.time``); by default it is the
+    store's own (the database's clock on Postgres).
     """
 
     def __init__(
@@ -137,10 +138,11 @@ class OpenOnce(Contracts, CallPath, Decisions):
         require_provider_capability_for_receipts: bool = False,
         provider_capabilities: Mapping[str, str] | None = None,
         extra_capabilities: Iterable[Capability] = (),
-        clock: Clock | None = None,
+        clock: ClockLike | None = None,
         observers: Iterable[Observer] = (),
     ) -> None:
         _check_owner(owner)
+        clock = as_clock(clock)
         self.store: Store = (
             target if not isinstance(target, str) else open_store(target, clock=clock)
         )

@@ -21,6 +21,8 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
+from openonce_core.textsafe import code_point, has_hidden, is_hidden, marked
+
 from .. import context as decision_context
 
 register = template.Library()
@@ -38,14 +40,6 @@ _TIER_LABELS = {
     "tier_3_non_authoritative": "evidence tier 3",
 }
 
-# Kept as they are: layout whitespace, harmless and needed in multi-line reasons.
-_PLAIN_CONTROLS = {"\n", "\t"}
-# Categories that render as nothing or change the order or meaning of what follows:
-# controls (Cc: C0, DEL, C1), format characters (Cf: bidi embeddings, overrides and
-# isolates U+202A-202E / U+2066-2069, zero-width U+200B-200F, U+2060-2064, U+FEFF, soft
-# hyphen), line/paragraph separators, surrogates, private use and unassigned points.
-_HIDDEN_CATEGORIES = {"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"}
-
 
 def escape(text: str) -> SafeString:
     # The standard library's escape (what Django's does, without its lazy-string wrapper,
@@ -53,27 +47,19 @@ def escape(text: str) -> SafeString:
     return mark_safe(html.escape(text))
 
 
-def _hidden(char: str) -> bool:
-    return char not in _PLAIN_CONTROLS and unicodedata.category(char) in _HIDDEN_CATEGORIES
-
-
-# Printable ASCII, newlines and tabs: nothing to mark (the common case, checked fast).
-_PLAIN = re.compile(r"[ -~\n\t]*")
-
-
 def visible_text(value: Any) -> SafeString:
     """``value`` as HTML-escaped text with every hidden character shown as a marker."""
     text = "" if value is None else str(value)
-    if _PLAIN.fullmatch(text) or not any(_hidden(c) for c in text):
+    if not has_hidden(text):
         return escape(text)
     parts = []
     run: list[str] = []
     for char in text:
-        if _hidden(char):
+        if is_hidden(char):
             if run:
                 parts.append(escape("".join(run)))
                 run = []
-            code = f"U+{ord(char):04X}"
+            code = code_point(char)
             name = unicodedata.name(char, "control or unassigned character")
             parts.append(
                 format_html('<span class="hidden-char" title="{} (hidden)">{}</span>', name, code)
@@ -93,8 +79,7 @@ def visible(value: Any) -> SafeString:
 @register.filter
 def visible_plain(value: Any) -> str:
     """The same for places that hold text only (a page title): ``[U+202E]``."""
-    text = "" if value is None else str(value)
-    return "".join(f"[U+{ord(c):04X}]" if _hidden(c) else c for c in text)
+    return marked("" if value is None else str(value))
 
 
 @register.filter

@@ -52,9 +52,8 @@ from typing import Any, TypeVar
 import psycopg
 
 from .. import forksafe, schema
-from ..clock import Clock, DatabaseClock
+from ..clock import ClockLike, DatabaseClock, as_clock
 from ..records import Approval, Effect, JournalEntry
-from ..retention import TOMBSTONE_COLUMNS
 from . import sql
 from .base import WakeBoard, Watch
 
@@ -292,7 +291,7 @@ class PostgresStore(sql.SQLStore):
         max_size: int = 8,
         timeout: float = 30.0,
         max_idle: float = 300.0,
-        clock: Clock | None = None,
+        clock: ClockLike | None = None,
         # Accepted for compatibility; connections are always lent per statement.
         min_size: int | None = None,
         # Server-side prepared statements save the server a parse and plan per statement
@@ -304,7 +303,7 @@ class PostgresStore(sql.SQLStore):
         self.pool = ConnectionPool(
             dsn, max_size=max_size, timeout=timeout, max_idle=max_idle, prepare=prepare
         )
-        self.clock = clock or DatabaseClock(self._database_time)
+        self.clock = as_clock(clock) or DatabaseClock(self._database_time)
         self._update_sql: dict[tuple[Any, ...], str] = {}
         self._reset_process_state()
         forksafe.register(self)
@@ -587,14 +586,6 @@ class PostgresStore(sql.SQLStore):
             return [e.id for e in self.get_many(effect_ids) if e.lease_owner == owner]
 
     # -- the retention (openonce_core/retention.py) ------------------------------------------
-
-    def tombstone(self, tool: str, idempotency_key: str) -> Any:
-        """The key's tombstone (``retention.TOMBSTONE_COLUMNS``), or None."""
-        return self._one(
-            f"SELECT {TOMBSTONE_COLUMNS} FROM openonce_tombstones"
-            " WHERE tool = ? AND idempotency_key = ?",
-            (tool, idempotency_key),
-        )
 
     def retention_write(self, work: Callable[[Any], T]) -> T:
         """Run ``work(cursor)`` in one transaction that may delete journal lines and

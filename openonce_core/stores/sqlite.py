@@ -41,10 +41,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from .. import forksafe, schema
-from ..clock import SYSTEM_CLOCK, Clock
+from ..clock import SYSTEM_CLOCK, ClockLike, as_clock
 from ..errors import ConfigurationError
 from ..records import Approval, Effect, JournalEntry
-from ..retention import TOMBSTONE_COLUMNS
 from . import sql
 from .base import WakeBoard, Watch
 
@@ -219,7 +218,7 @@ class SQLiteStore(sql.SQLStore):
         synchronous: str = "FULL",
         busy_timeout: float = 30.0,
         poll_interval: float = 0.002,
-        clock: Clock | None = None,
+        clock: ClockLike | None = None,
     ) -> None:
         if path == ":memory:" and type(self) is SQLiteStore:
             raise ValueError("SQLiteStore needs a file; use InMemoryStore for ':memory:'")
@@ -234,7 +233,7 @@ class SQLiteStore(sql.SQLStore):
         self.busy_timeout = busy_timeout
         # Another process's commit cannot wake us, so cross-process waiters re-read this often.
         self.poll_interval = poll_interval
-        self.clock = clock or SYSTEM_CLOCK
+        self.clock = as_clock(clock) or SYSTEM_CLOCK
         self._update_sql: dict[tuple[Any, ...], str] = {}
         if path != ":memory:":
             refuse_network_filesystem(path)
@@ -597,14 +596,6 @@ class SQLiteStore(sql.SQLStore):
 
     # -- the retention (openonce_core/retention.py) ------------------------------------------
 
-    def tombstone(self, tool: str, idempotency_key: str) -> Any:
-        """The key's tombstone (``retention.TOMBSTONE_COLUMNS``), or None."""
-        return self._one(
-            f"SELECT {TOMBSTONE_COLUMNS} FROM openonce_tombstones"
-            " WHERE tool = ? AND idempotency_key = ?",
-            (tool, idempotency_key),
-        )
-
     def retention_write(self, work: Callable[[Any], T]) -> T:
         """Run ``work(cursor)`` in one write transaction in which the journal's and the
         approvals' delete triggers stand aside: a grant row, inserted first and deleted
@@ -662,7 +653,7 @@ class InMemoryStore(SQLiteStore):
 
     dialect = "memory"
 
-    def __init__(self, *, clock: Clock | None = None) -> None:
+    def __init__(self, *, clock: ClockLike | None = None) -> None:
         self._shared = _Slot()  # every thread's: one connection, one lock
         self._fork_lock: Any = None
         super().__init__(":memory:", clock=clock)

@@ -9,7 +9,7 @@ notifications go to a server connection the listener no longer holds).
 A private pgbouncer (``tests/support/pgbouncer.py``, Debian's package) runs for the whole
 session with 4 server connections per database, fewer than the clients it serves. Its
 database is made empty before each test. This module also runs the whole behavioural
-suite (``test_ledger_behaviour.py``) once more, on Postgres through that pgbouncer: its
+suite (``tests/core/behaviour/``) once more, on Postgres through that pgbouncer: its
 tests are imported below, and ``pg_dsn`` here names the database behind pgbouncer.
 """
 
@@ -30,8 +30,8 @@ from urllib.parse import quote
 
 import psycopg
 import pytest
+from behaviour.suite import *  # noqa: F403 (the behavioural suite, run behind pgbouncer)
 from psycopg.conninfo import make_conninfo
-from test_ledger_behaviour import *  # noqa: F403 (the behavioural suite, run behind pgbouncer)
 
 from openonce_core import EffectState, OpenOnce
 from openonce_core.stores.postgres import PostgresStore

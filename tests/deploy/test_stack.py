@@ -54,7 +54,15 @@ from tests.support.caddy import caddy_version, for_caddy
 from tests.support.daemon import create_database, drop_database, pick_redis_db
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("openonce_core", "openonce_site", "console", "reconciler")
+PACKAGES = (
+    "openonce",
+    "openonce_core",
+    "openonce_site",
+    "console",
+    "reconciler",
+    "notifications",
+    "ledger",
+)
 CADDY = "/usr/bin/caddy"
 PASSWORD = "a long and unguessable passphrase"
 CONFIRM_TIMEOUT = 10_000  # ms

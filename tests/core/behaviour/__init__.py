@@ -1,0 +1,1 @@
+"""The behavioural suite, one module per section (see helpers.py)."""

@@ -1,0 +1,3 @@
+@oo.effect(tool="email.send", idempotency_fields=["to", "subject"])
+async def send(to: str, subject: str, body: str) -> str:
+    ...
