@@ -254,7 +254,7 @@ def test_a_duplicate_racing_a_batch_never_runs_twice(store, tmp_path, monkeypatc
     monkeypatch.setattr(store, "insert", insert)
     # The duplicate is at the ledger as soon as it asks the store anything: on SQLite and in
     # memory its first read already waits for the retention's write lock.
-    for name in ("find", "insert_or_find"):
+    for name in ("find_replay", "insert_or_find"):
         if hasattr(store, name):
             monkeypatch.setattr(store, name, _via(getattr(store, name), trying, racer))
     report = run(store, clock, tmp_path)
