@@ -10,7 +10,7 @@ For SQLite and Postgres on this machine, side by side:
 * on Postgres, four processes doing new effects together vs four raw clients.
 
 The raw table ``bench_raw`` is a copy of ``openonce_effects`` (table and indexes, taken
-from ``openonce_core.schema``) in the same database, so both sides pay the same index
+from ``openonce_core._schema``) in the same database, so both sides pay the same index
 maintenance and the same fsyncs. Durability is the store's: SQLite in WAL with
 ``synchronous=FULL``, Postgres with the server's ``synchronous_commit`` (on by default).
 
@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from openonce_core import OpenOnce
-from openonce_core.schema import migrations
+from openonce_core._schema import migrations
 from openonce_core.stores.sql import SELECT_COLUMNS
 
 TOOL = "bench_send"

@@ -48,11 +48,11 @@ from typing import Any
 from hotpath import code_revision, open_pg, pg_schema, say
 
 from openonce_core import OpenOnce
+from openonce_core._probe import ProbeOutcome, ProbeResult
+from openonce_core._reconcile import Reconciler
+from openonce_core._records import Effect
+from openonce_core._schema import migrations
 from openonce_core.errors import OutcomeUnknownError
-from openonce_core.probe import ProbeOutcome, ProbeResult
-from openonce_core.reconcile import Reconciler
-from openonce_core.records import Effect
-from openonce_core.schema import migrations
 from openonce_core.stores.sql import JOURNAL_COLUMNS, SELECT_COLUMNS
 
 TOOL = "stripe.charge"  # the built-in "stripe" capability: receipts need a stripe_id

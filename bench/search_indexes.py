@@ -33,7 +33,7 @@ from hotpath import _RAW_INSERT, _RAW_UPDATE, _pg, raw_new, say
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from openonce_core.schema import _V1, _V3_SEARCH_PG
+from openonce_core._schema import _V1, _V3_SEARCH_PG
 
 DEFAULT_PG = "postgresql://root@127.0.0.1:5432/test"
 CHUNK = 50

@@ -61,8 +61,8 @@ from soak_provider import SoakStripe, read_record  # noqa: E402
 from soak_proxy import PgProxy  # noqa: E402
 
 from openonce_core import OpenOnce  # noqa: E402
+from openonce_core._states import EffectState  # noqa: E402
 from openonce_core.errors import OpenOnceError  # noqa: E402
-from openonce_core.states import EffectState  # noqa: E402
 from tests.support.daemon import (  # noqa: E402
     ADMIN_DSN,
     PYTHON,
@@ -750,7 +750,7 @@ class Soak:
         built as ``manage.py reconcile`` builds it (same probers and grace windows)."""
         import inspect
 
-        from openonce_core.wiring import build_reconciler
+        from openonce_core._wiring import build_reconciler
 
         for key in ("OPENONCE_TEST_STRIPE_URL", "OPENONCE_TEST_STRIPE_KEY",
                     "OPENONCE_TEST_STRIPE_TIMEOUT", "OPENONCE_TEST_STRIPE_RPS"):  # fmt: skip

@@ -58,9 +58,9 @@ from openonce_core import (  # noqa: E402
     OutcomeUnknownError,
     current_effect,
 )
-from openonce_core.clock import SystemClock  # noqa: E402
+from openonce_core._clock import SystemClock  # noqa: E402
+from openonce_core._policy import ALLOW, PolicyDecision  # noqa: E402
 from openonce_core.errors import EffectInFlightError  # noqa: E402
-from openonce_core.policy import ALLOW, PolicyDecision  # noqa: E402
 from openonce_core.probers.stripe import effect_metadata  # noqa: E402
 
 API_KEY = "sk_test_good"

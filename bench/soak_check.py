@@ -19,7 +19,7 @@ The invariants (ARCHITECTURE.md, "The nemesis"):
 * ``settled``: after the drain every effect is terminal or with a person (HUMAN_REVIEW,
   REQUIRES_APPROVAL);
 * ``journal_legal``: every journal replays from ``planned`` through legal moves of
-  ``openonce_core.states`` to the effect's state;
+  ``openonce_core._states`` to the effect's state;
 * ``owners_judged``: an owner the reconciler declared gone (an ``expire`` whose reason says
   its process no longer exists or has exited) writes nothing to that effect's journal
   afterwards: a dead process cannot, so a later line of it proves a live owner was read as
@@ -46,7 +46,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from openonce_core.states import TERMINAL, EffectState, check_move, move_for
+from openonce_core._states import TERMINAL, EffectState, check_move, move_for
 
 S = EffectState
 WITH_A_PERSON = frozenset({S.HUMAN_REVIEW, S.REQUIRES_APPROVAL})
@@ -54,7 +54,7 @@ INVARIANTS = (
     "executed_once", "outcomes_kept", "settled", "journal_legal", "owners_judged",
     "live_leases_kept", "resources",
 )  # fmt: skip
-# How an ``expire`` line says that the attempt's owner process is gone (openonce_core.leases).
+# How an ``expire`` line says that the attempt's owner process is gone (openonce_core._leases).
 OWNER_GONE = ("no longer exists", "has exited", "is another process now")
 # live_leases_kept: the margin below the unrenewed span (rounding of the records' times, the
 # gap between a call's first record and its claim, monotonic against wall clock).

@@ -20,7 +20,7 @@ dropped at the end unless ``--keep``), each migrated by Django's ``migrate``:
    a ``/metrics`` scrape, the daemon's ``due()`` over the working set, the console's queue
    and two effect lists (``bench/console.py``'s timing), through Django in this process;
 4. the full ledger's bytes per effect, per table and per index;
-5. the retention (``openonce_core.retention``) archives the ``--archive`` (20,000) oldest
+5. the retention (``openonce_core._retention``) archives the ``--archive`` (20,000) oldest
    effects of the full ledger in another process, with the daily task's default policy
    (paced), while this one creates new effects on both ledgers in turns: its effects
    archived per second, the hot path's rate meanwhile (pairs that ran wholly during it),
@@ -88,7 +88,7 @@ NEWEST = 3600.0  # ... up to an hour ago
 BUDGET = 1.2  # full / empty, for every figure (a rate: empty / full)
 INGEST = 10_000_000 / DAY  # effects per second at 10 million a day
 RETENTION_DAYS = 90  # the policy the growth projection assumes
-MAX_BACKOFF = 900.0  # openonce_core.reconcile.MAX_BACKOFF: the longest pause between probes
+MAX_BACKOFF = 900.0  # openonce_core._reconcile.MAX_BACKOFF: the longest pause between probes
 QUEUE_ROWS = 100  # console.selectors.QUEUE_LIMIT
 LIST_ROWS = 50  # effects per list page
 TABLES = ("openonce_effects", "openonce_journal", "openonce_approvals", "openonce_tombstones")
@@ -652,7 +652,7 @@ class Retention:
 
 def retention_api() -> tuple[Any, Any] | None:
     try:
-        from openonce_core.retention import RetentionPolicy, run_retention
+        from openonce_core._retention import RetentionPolicy, run_retention
     except ImportError:
         return None
     return RetentionPolicy, run_retention
@@ -687,7 +687,7 @@ def _retention_child(
     thread would share this interpreter's lock with the calls being timed. ``started`` is
     set once it is ready to run (imports and connections are not the retention's work);
     its answer carries the monotonic times (system-wide on Linux) the run began and ended."""
-    from openonce_core.retention import run_retention
+    from openonce_core._retention import run_retention
     from openonce_core.stores.postgres import PostgresStore
 
     store = PostgresStore(dsn)
@@ -904,7 +904,7 @@ def render(rows: dict[str, Row], retention: Retention, sizes: Bytes, info: dict[
     out += [header.replace("        -", "full/empty"), "-" * len(header)]
     out += [_row_line(row) for row in rows.values()]
     if not retention.available:
-        out.append("retention: not available (openonce_core.retention does not import)")
+        out.append("retention: not available (openonce_core._retention does not import)")
     elif retention.error:
         out.append(f"retention: failed: {retention.error}")
     else:

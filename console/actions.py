@@ -3,7 +3,7 @@
 The console never writes ledger rows (invariant 1 of ARCHITECTURE.md): every decision
 here goes through ``get_openonce()``, pinned to the fence the person saw, and is
 journaled by the core as ``operator:<username>`` with the reason given. Where each
-decision is offered comes from the core's state table (``openonce_core.states``).
+decision is offered comes from the core's state table (``openonce_core._states``).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from openonce_core import (
     InvalidReceiptError,
     ProviderContractError,
 )
-from openonce_core.decisions import ProviderCheck, Verify
+from openonce_core._decisions import ProviderCheck, Verify
+from openonce_core._probe import ProbeOutcome, ProbeResult
+from openonce_core._records import Effect as CoreEffect
+from openonce_core._redact import redact_text
+from openonce_core._states import MOVES, EffectState
 from openonce_core.errors import ProbeCredentialError, ProbeError, ProbeTransientError
-from openonce_core.probe import ProbeOutcome, ProbeResult
-from openonce_core.records import Effect as CoreEffect
-from openonce_core.redact import redact_text
-from openonce_core.states import MOVES, EffectState
 
 from . import forms as console_forms
 from . import selectors
@@ -61,7 +61,7 @@ class Action:
     name: str  # as in the URL
     label: str
     perm: str
-    move: str  # the core's decision (openonce_core.states.MOVES)
+    move: str  # the core's decision (openonce_core._states.MOVES)
     form_class: type[console_forms.DecisionForm]
     danger: bool = False
     labels: tuple[tuple[str, str], ...] = ()  # (state, label) where the label differs

@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from openonce_core.providers import Capability
-from openonce_core.states import EffectState
+from openonce_core._providers import Capability
+from openonce_core._states import EffectState
 
 S = EffectState
 

@@ -15,8 +15,8 @@ from typing import Any
 from django import forms
 
 from ledger.clients import get_openonce
-from openonce_core.providers import Capability, check_receipt, receipt_object_problems
-from openonce_core.states import EffectState
+from openonce_core._providers import Capability, check_receipt, receipt_object_problems
+from openonce_core._states import EffectState
 
 from . import search
 from .context import DOMAIN_PLACEHOLDER, empty_fields

@@ -1,5 +1,5 @@
 """Every query the console runs, each bounded by a LIMIT and served by an index of the
-ledger schema (``openonce_core/schema.py``; the index is named beside each query).
+ledger schema (``openonce_core/_schema.py``; the index is named beside each query).
 
 Reads only: decisions go through ``ledger.clients.get_openonce()``.
 """
@@ -21,9 +21,9 @@ from django.db.models.expressions import RawSQL
 
 from ledger.clients import get_grace, get_openonce, get_reconciler
 from ledger.models import Approval, Effect, JournalEntry
-from openonce_core.due import count_overdue_unknown, overdue_unknown
-from openonce_core.providers import TIERS, Capability, readiness_problems
-from openonce_core.states import TERMINAL, EffectState
+from openonce_core._due import count_overdue_unknown, overdue_unknown
+from openonce_core._providers import TIERS, Capability, readiness_problems
+from openonce_core._states import TERMINAL, EffectState
 from reconciler.health import Health, reconciler_health
 
 from .context import Fact, Requester, Verdict, amounts, customer, probe_verdict, requester
@@ -165,7 +165,7 @@ def ledger_now() -> float:
 
 def _unknown_past_grace(at: float) -> tuple[list[str], Count]:
     """Ids of the first QUEUE_LIMIT UNKNOWN effects due for a probe, longest overdue
-    first, and how many are due (exact): the reconciler's own rule (``openonce_core.due``),
+    first, and how many are due (exact): the reconciler's own rule (``openonce_core._due``),
     read through the indexes of UNKNOWN rows only."""
     oo = get_openonce()
     grace = get_grace()

@@ -34,7 +34,6 @@ import anthropic
 import httpx2
 
 import openonce_core as openonce
-from openonce_core.reconcile import Reconciler
 from openonce_core.testing import (
     ChargeFault,
     FakePaymentProber,
@@ -221,7 +220,9 @@ def main(db: str) -> None:
         f" (handler ran {times(ran['payments.charge'])},"
         f" provider charged {times(len(provider.charges))})"
     )
-    reconciler = Reconciler(oo, extra_capabilities=[fake_payment_capability("payments.charge")])
+    reconciler = openonce.Reconciler(
+        oo, extra_capabilities=[fake_payment_capability("payments.charge")]
+    )
     reconciler.register("payments.charge", FakePaymentProber(provider))
     reconciler.reconcile_ids([charge_id])
     reconciler.close()

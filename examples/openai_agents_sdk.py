@@ -38,7 +38,6 @@ from openai.types.responses import (
 
 import openonce_core as openonce
 from openonce_core.integrations.openai_agents import OpenOnceRunContext, effect_function_tool
-from openonce_core.reconcile import Reconciler
 from openonce_core.testing import (
     ChargeFault,
     FakePaymentProber,
@@ -179,7 +178,9 @@ def main(db: str) -> None:
         f" (handler ran {times(ran['payments.charge'])},"
         f" provider charged {times(len(provider.charges))})"
     )
-    reconciler = Reconciler(oo, extra_capabilities=[fake_payment_capability("payments.charge")])
+    reconciler = openonce.Reconciler(
+        oo, extra_capabilities=[fake_payment_capability("payments.charge")]
+    )
     reconciler.register("payments.charge", FakePaymentProber(provider))
     report = reconciler.reconcile_ids([charge_id])
     reconciler.close()

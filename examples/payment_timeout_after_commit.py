@@ -22,15 +22,16 @@ from enum import Enum
 from typing import Any
 
 from openonce_core import (
+    Effect,
     EffectState,
     IdempotencyMismatchError,
     OpenOnce,
     OutcomeUnknownError,
+    ProbeResult,
+    Reconciler,
+    ReconcileReport,
     current_effect,
 )
-from openonce_core.probe import ProbeResult
-from openonce_core.reconcile import Reconciler, ReconcileReport
-from openonce_core.records import Effect
 from openonce_core.testing import (
     ChargeDeclined,
     ChargeFault,

@@ -20,7 +20,7 @@ def close_sqlite_before_fork() -> None:
     SQLite keeps its file locks per process, keyed by the file: a child that inherits an
     open connection to the ledger file believes it holds locks it does not, and the parent
     closing that connection later checkpoints and deletes the WAL under the child's writes.
-    The core's own store closes its connections before a fork (openonce_core/forksafe.py);
+    The core's own store closes its connections before a fork (openonce_core/_forksafe.py);
     Django's connection to the same file must go too. Django reopens it on next use."""
     from django.db import connections
 
@@ -32,7 +32,7 @@ def close_sqlite_before_fork() -> None:
 def upgrade_ledger(using: str = "default", **_: Any) -> None:
     """Every ``manage.py migrate`` brings the ledger to the core's current schema version.
 
-    The core owns the ledger's schema and its versions (openonce_core/schema.py); a new
+    The core owns the ledger's schema and its versions (openonce_core/_schema.py); a new
     core version needs no Django migration of its own. Applying it is idempotent."""
     from django.db import connections, transaction
 

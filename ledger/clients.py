@@ -19,10 +19,10 @@ from django.utils.module_loading import import_string
 from psycopg.conninfo import make_conninfo
 
 from openonce_core import OpenOnce, Store, open_store
-from openonce_core.due import Grace
-from openonce_core.providers import CapabilityMatrix
-from openonce_core.reconcile import Reconciler
-from openonce_core.wiring import build_openonce, build_reconciler, load_object
+from openonce_core._due import Grace
+from openonce_core._providers import CapabilityMatrix
+from openonce_core._reconcile import Reconciler
+from openonce_core._wiring import build_openonce, build_reconciler, load_object
 
 _lock = threading.Lock()
 _clients: dict[str, OpenOnce] = {}
@@ -125,7 +125,7 @@ _graces: dict[tuple[object, ...], Grace] = {}
 
 
 def get_grace() -> Grace:
-    """The grace windows the reconciler uses (``openonce_core.due``), for a process that
+    """The grace windows the reconciler uses (``openonce_core._due``), for a process that
     only asks what is due (the console's queue, /metrics, health): the reconciler's own
     when this process built one, else the same settings, capability files and pins
     (``OPENONCE_PROVIDER_CAPABILITIES`` and the capabilities ``OPENONCE_PROBERS`` names)

@@ -59,7 +59,7 @@ class Effect(ReadOnlyModel):
     error_json = models.TextField(null=True)
     created_at = models.FloatField()
     updated_at = models.FloatField()
-    next_probe_at = models.FloatField(null=True)  # schema v5; see openonce_core.due
+    next_probe_at = models.FloatField(null=True)  # schema v5; see openonce_core._due
 
     class Meta:
         managed = False
@@ -113,7 +113,7 @@ class JournalEntry(ReadOnlyModel):
     actor = models.TextField()
     reason = models.TextField()
     evidence_json = models.TextField(null=True)
-    action = models.TextField()  # the move of openonce_core.states.MOVES
+    action = models.TextField()  # the move of openonce_core._states.MOVES
 
     class Meta:
         managed = False

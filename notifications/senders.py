@@ -39,7 +39,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 from django.conf import settings
 from django.core.mail import send_mail
 
-from openonce_core.redact import redact_text
+from openonce_core._redact import redact_text
 
 from . import destinations
 from .config import Channel

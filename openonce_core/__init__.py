@@ -3,9 +3,15 @@
 Duplicates replay instead of re-running, ambiguous outcomes park as UNKNOWN instead of
 being retried blindly, and every transition leaves a journal line.
 
-This module is the public surface; everything else is an implementation module whose
-names may change. ``openonce_core.testing`` holds what you need to test your own code
-against OpenOnce (a FakeClock, fake providers, the fault harness).
+This module is the public surface, with ``openonce_core.errors`` (the exceptions),
+``openonce_core.integrations`` (LangGraph, OpenAI Agents), ``openonce_core.probers``,
+``openonce_core.stores`` and the ``openonce`` command (``openonce_core.cli``). Modules whose
+name starts with an underscore are the implementation: their names may change. Their
+old names (``openonce_core.reconcile``, ``openonce_core.probe``, ...) still import, as the
+same modules, with a DeprecationWarning, until the next release.
+
+``openonce_core.testing`` holds what you need to test your own code against OpenOnce
+(a FakeClock, fake providers, the fault harness).
 """
 
 from __future__ import annotations
@@ -13,8 +19,36 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .classify import Classifier, FailureClass
-from .clock import Clock, DatabaseClock, SystemClock
+from ._aliases import SameModules, install, moved_attribute, moved_real_name, warn_moved
+from ._classify import Classifier, FailureClass
+from ._clock import Clock, DatabaseClock, SystemClock
+from ._context import EffectContext, current_effect, current_scope
+from ._helpers import (
+    ScannedEffectTool,
+    canonicalize,
+    capabilities_for_tool,
+    capability_from_dict,
+    capability_guidance_for_tool,
+    classify_exception,
+    derive_key,
+    scan_effect_tools,
+)
+from ._ledger import Ledger
+from ._observe import EffectEvent
+from ._policy import PolicyDecision, all_of, require_approval_for
+from ._probe import ProbeOutcome, Prober, ProbeResult
+from ._providers import (
+    Capability,
+    CapabilityMatrix,
+    ConformanceScenario,
+    assert_conformance,
+    load_capabilities_file,
+)
+from ._reconcile import Reconciler, ReconcileReport
+from ._records import Approval, Effect, JournalEntry
+from ._retention import RetentionPolicy, RetentionReport, import_archive, run_retention
+from ._runtime import OpenOnce, load_pepper
+from ._states import DECISIONS, MOVES, EffectState, decisions_allowed
 from .errors import (
     ApprovalDenied,
     ApprovalExpired,
@@ -55,32 +89,7 @@ from .errors import (
     UnknownOutcomeError,
     WiringError,
 )
-from .helpers import (
-    ScannedEffectTool,
-    canonicalize,
-    capabilities_for_tool,
-    capability_from_dict,
-    capability_guidance_for_tool,
-    classify_exception,
-    derive_key,
-    scan_effect_tools,
-)
-from .ledger import Ledger
-from .observe import EffectEvent
-from .policy import PolicyDecision, all_of, require_approval_for
-from .probe import ProbeOutcome, Prober, ProbeResult
 from .probers import EmailMessageIdProber, GitHubPullRequestProber, StripeProber, effect_metadata
-from .providers import (
-    Capability,
-    CapabilityMatrix,
-    ConformanceScenario,
-    assert_conformance,
-    load_capabilities_file,
-)
-from .reconcile import Reconciler, ReconcileReport
-from .records import Approval, Effect, JournalEntry
-from .runtime import EffectContext, OpenOnce, current_effect, current_scope, load_pepper
-from .states import DECISIONS, MOVES, EffectState, decisions_allowed
 from .stores import InMemoryStore, SQLiteStore, Store, open_store
 
 if TYPE_CHECKING:
@@ -88,6 +97,8 @@ if TYPE_CHECKING:
     from .stores.postgres import PostgresStore as PostgresStore
 
 __version__ = "0.1.0"
+
+install(SameModules("openonce_core moved", moved_real_name, warn_moved))
 
 # PostgresStore is importable by name but not listed: ``from openonce_core import *``
 # reads every listed name, and reading it needs psycopg (the ``openonce[postgres]`` extra).
@@ -151,6 +162,8 @@ __all__ = [
     "ReconcileReport",
     "Reconciler",
     "ResultUnavailableError",
+    "RetentionPolicy",
+    "RetentionReport",
     "RetryableEffectError",
     "SQLiteStore",
     "ScannedEffectTool",
@@ -173,10 +186,12 @@ __all__ = [
     "decisions_allowed",
     "derive_key",
     "effect_metadata",
+    "import_archive",
     "load_capabilities_file",
     "load_pepper",
     "open_store",
     "require_approval_for",
+    "run_retention",
     "scan_effect_tools",
 ]
 
@@ -191,4 +206,7 @@ def __getattr__(name: str) -> Any:
         return PostgresStore
     if name == "testing":
         return importlib.import_module(".testing", __name__)
+    moved = moved_attribute(name)
+    if moved is not None:
+        return moved
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

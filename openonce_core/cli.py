@@ -6,7 +6,7 @@ Every error is one line on stderr.
 Everything printed goes through ``_say``: the ledger holds text an agent or a person
 wrote, and a character that hides or reorders text, or an escape sequence that clears the
 screen or plants a link, reaches the terminal as a visible ``[U+001B]`` marker instead,
-the same marker the console shows (``openonce_core.textsafe``).
+the same marker the console shows (``openonce_core._textsafe``).
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from ._reconcile import ReconcileReport
+from ._records import Effect
+from ._retention import RetentionPolicy, import_archive, parse_duration, run_retention
+from ._runtime import OpenOnce
+from ._textsafe import marked
+from ._wiring import build_openonce, build_reconciler
 from .cli_providers import add_providers_parser
 from .cli_test import add_test_parser
 from .errors import OpenOnceError
-from .reconcile import ReconcileReport
-from .records import Effect
-from .retention import RetentionPolicy, import_archive, parse_duration, run_retention
-from .runtime import OpenOnce
 from .stores import open_store
-from .textsafe import marked
-from .wiring import build_openonce, build_reconciler
 
 
 def _say(text: object = "", *, file: TextIO | None = None, flush: bool = False) -> None:

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import CapabilityError, OpenOnceError
-from .providers import (
+from ._providers import (
     SCHEMA_VERSION,
     Capability,
     CapabilityMatrix,
@@ -34,13 +33,14 @@ from .providers import (
     readiness_problems,
     suggest_capability,
 )
-from .scan import (
+from ._scan import (
     ScannedTool,
     ScanResult,
     handler_contract_problems,
     receipt_contract_problems,
     scan_tree,
 )
+from .errors import CapabilityError, OpenOnceError
 
 # Gate name (as in the JSON "checks") -> the flag that requests it, in report order.
 GATE_FLAGS = {

@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from .clock import FakeClock
+from ._clock import FakeClock
+from ._probe import ProbeOutcome, ProbeResult
+from ._providers import TIER_1_NATIVE_IDEMPOTENCY_KEY, Capability
+from ._records import Effect
 from .errors import BusinessError
-from .probe import ProbeOutcome, ProbeResult
-from .providers import TIER_1_NATIVE_IDEMPOTENCY_KEY, Capability
-from .records import Effect
 
 __all__ = [
     "Charge",

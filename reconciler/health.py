@@ -25,7 +25,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from openonce_core.redact import redact_text
+from openonce_core._redact import redact_text
 
 from . import deliveries
 from .models import DaemonStart, ProberStatus, Sweep

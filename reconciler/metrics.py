@@ -10,7 +10,7 @@ effects{state}                         effects by state: exact for the states an
                                        up to a minute old for the terminal ones (their
                                        rows are history: counted at most once a minute)
 human_queue{kind}                      awaiting approval, in human review, UNKNOWN due for
-                                       a probe (past grace or backoff: openonce_core.due)
+                                       a probe (past grace or backoff: openonce_core._due)
 oldest_unknown_age_seconds             seconds since the longest-waiting UNKNOWN changed
 approval_oldest_wait_seconds           seconds the oldest pending approval has waited
 probes_total{tool,outcome,status}      probes by result (happened, not_happened,
@@ -43,9 +43,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from ledger.clients import get_grace, get_openonce
-from openonce_core.due import count_overdue_unknown
-from openonce_core.runtime import OpenOnce
-from openonce_core.states import TERMINAL, EffectState
+from openonce_core._due import count_overdue_unknown
+from openonce_core._runtime import OpenOnce
+from openonce_core._states import TERMINAL, EffectState
 
 from . import deliveries, queue
 from .models import ProberStatus, ProbeTally, Sweep

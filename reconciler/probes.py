@@ -23,11 +23,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
+from openonce_core._probe import ProbeResult
+from openonce_core._records import Effect
+from openonce_core._redact import redact_text
+from openonce_core._wiring import WiringError, load_object
 from openonce_core.errors import ProbeCredentialError, ProbeError, ProbeTransientError
-from openonce_core.probe import ProbeResult
-from openonce_core.records import Effect
-from openonce_core.redact import redact_text
-from openonce_core.wiring import WiringError, load_object
 
 from .logs import current_effect_id
 from .models import ProberStatus, ProbeTally

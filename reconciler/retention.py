@@ -5,7 +5,7 @@ deletes expired Django sessions (what ``manage.py clearsessions`` does). When
 ``OPENONCE_RETENTION_DAYS`` is set, it also archives, then deletes, the terminal effects
 last changed longer ago than that, with their journal lines, approvals and the notifier's
 deliveries (kept in the archive line under ``"deliveries"``), through the core
-(``openonce_core.retention``): archives go to ``OPENONCE_RETENTION_ARCHIVE_DIR``.
+(``openonce_core._retention``): archives go to ``OPENONCE_RETENTION_ARCHIVE_DIR``.
 
 A run is bounded by half the task's soft time limit; when more is left it queues the
 next run, so any daily volume is archived in a chain of bounded tasks. Two runs at once
@@ -24,7 +24,7 @@ from django.conf import settings
 
 from ledger.clients import get_openonce
 from notifications.retention import archive_deliveries, forget_deliveries
-from openonce_core.retention import RetentionPolicy, RetentionReport, run_retention
+from openonce_core._retention import RetentionPolicy, RetentionReport, run_retention
 
 log = logging.getLogger("openonce.retention")
 

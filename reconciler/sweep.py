@@ -33,7 +33,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from ledger.clients import get_openonce, get_reconciler
-from openonce_core.reconcile import Reconciler, ReconcileReport
+from openonce_core._reconcile import Reconciler, ReconcileReport
 
 from . import deliveries, probes
 from .models import Sweep

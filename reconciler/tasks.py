@@ -36,7 +36,7 @@ from django.db import DatabaseError
 from django.db.models import F
 from django.utils import timezone
 
-from openonce_core.reconcile import ReconcileReport
+from openonce_core._reconcile import ReconcileReport
 
 from . import (
     deliveries,

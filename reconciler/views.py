@@ -30,8 +30,8 @@ from django.views.decorators.http import require_GET, require_safe
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ledger.clients import get_openonce
+from openonce_core._schema import SCHEMA_VERSION
 from openonce_core.errors import OpenOnceError
-from openonce_core.schema import SCHEMA_VERSION
 
 from .health import reconciler_health
 from .metrics import registry

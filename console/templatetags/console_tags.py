@@ -21,13 +21,13 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
-from openonce_core.textsafe import code_point, has_hidden, is_hidden, marked
+from openonce_core._textsafe import code_point, has_hidden, is_hidden, marked
 
 from .. import context as decision_context
 
 register = template.Library()
 
-# How the core stores a secret field (openonce_core.canonical.secret_digest): never the
+# How the core stores a secret field (openonce_core._canonical.secret_digest): never the
 # value, only this digest. The ledger does not record which fields are secret, so the
 # console recognises them by shape.
 SECRET_DIGEST = re.compile(r"^(?:sha256|hmac-sha256):[0-9a-f]{64}$")

@@ -1,7 +1,7 @@
 # Written by hand: the ledger's read models, moved here from the console (console 0006).
 #
 # State only: the models are unmanaged, so this creates no table. The core owns the
-# tables and their schema (openonce_core/schema.py): console 0001 installed them, and
+# tables and their schema (openonce_core/_schema.py): console 0001 installed them, and
 # every migrate brings them to the core's current version (ledger.apps.upgrade_ledger).
 
 import django.db.models.deletion

@@ -51,13 +51,13 @@ from langchain_core.tools import StructuredTool, ToolException
 from langgraph.config import get_config
 from langgraph.types import interrupt
 
+from .._runtime import OpenOnce
 from ..errors import (
     ApprovalPending,
     ApproverAlreadyCounted,
     IllegalTransitionError,
     OpenOnceError,
 )
-from ..runtime import OpenOnce
 from ._signals import STOPS, as_text, signal_for
 
 __all__ = ["APPROVAL_REQUEST", "effect_tool"]

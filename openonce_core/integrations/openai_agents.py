@@ -50,8 +50,9 @@ from typing import Any, Literal
 from agents import RunContextWrapper, function_tool
 from agents.tool_context import ToolContext
 
+from .._context import current_scope
+from .._runtime import OpenOnce
 from ..errors import OpenOnceError, ScopeRequiredError
-from ..runtime import OpenOnce, current_scope
 from ._signals import STOPS, as_text, signal_for
 
 __all__ = ["OpenOnceRunContext", "effect_function_tool"]

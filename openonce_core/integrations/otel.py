@@ -21,7 +21,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from ..observe import EffectEvent
+from .._observe import EffectEvent
 
 # Outcomes that are not a clean success from the caller's point of view.
 TROUBLED = frozenset({"unknown", "failed", "refused", "in_flight", "lease_lost",

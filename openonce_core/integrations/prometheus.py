@@ -5,7 +5,7 @@
     oo.observe(EffectMetrics())          # counts into prometheus_client's default registry
 
 ``openonce_agent_calls_total{tool, outcome}`` tells a replay from a fresh run from a parked
-UNKNOWN (outcomes: ``openonce_core.observe.OUTCOMES``), and
+UNKNOWN (outcomes: ``openonce_core._observe.OUTCOMES``), and
 ``openonce_agent_call_seconds{tool, outcome}`` how long the call took, ledger included.
 Expose them the way your process already does (``prometheus_client.start_http_server``).
 Ledger-wide facts (effects by state, the human queue) come from the daemon's ``/metrics``.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
-from ..observe import EffectEvent
+from .._observe import EffectEvent
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 

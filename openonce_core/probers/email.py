@@ -54,9 +54,9 @@ from collections.abc import Callable, Iterator
 from email.parser import BytesHeaderParser
 from typing import Any, Protocol
 
+from .._probe import MATURITY_MARGIN_SECONDS, ProbeOutcome, ProbeResult, attempt_ended_at
+from .._records import Effect
 from ..errors import ProbeCredentialError, ProbeError, ProbeTransientError
-from ..probe import MATURITY_MARGIN_SECONDS, ProbeOutcome, ProbeResult, attempt_ended_at
-from ..records import Effect
 from ._http import transport_error
 
 PROVIDER = "imap"
@@ -108,7 +108,7 @@ class EmailMessageIdProber:
     The age runs from when the effect went UNKNOWN (``probe.attempt_ended_at``).
 
     ``clock`` is the time that age is measured against. Leave it None: a
-    :class:`~openonce_core.reconcile.Reconciler` binds its own (``bind_clock``), the clock
+    :class:`~openonce_core._reconcile.Reconciler` binds its own (``bind_clock``), the clock
     the effect's timestamps were written with; unbound, this host's ``time.time``.
     """
 

@@ -72,9 +72,9 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, Protocol
 
+from .._probe import ProbeOutcome, ProbeResult
+from .._records import Effect
 from ..errors import ProbeCredentialError, ProbeError, ProbeTransientError
-from ..probe import ProbeOutcome, ProbeResult
-from ..records import Effect
 from ._http import (
     USER_AGENT,
     Limiter,

@@ -81,9 +81,9 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from .._probe import MATURITY_MARGIN_SECONDS, ProbeOutcome, ProbeResult, attempt_ended_at
+from .._records import Effect
 from ..errors import ProbeCredentialError, ProbeError, ProbeTransientError
-from ..probe import MATURITY_MARGIN_SECONDS, ProbeOutcome, ProbeResult, attempt_ended_at
-from ..records import Effect
 from ._http import (
     USER_AGENT,
     RateLimiter,
@@ -193,7 +193,7 @@ class StripeProber:
     (``acct_...``) to read as, when effects act on connected accounts.
 
     ``clock`` is the time an effect's age is measured against. Leave it None: a
-    :class:`~openonce_core.reconcile.Reconciler` binds its own (``bind_clock``), the clock
+    :class:`~openonce_core._reconcile.Reconciler` binds its own (``bind_clock``), the clock
     the effect's timestamps were written with; unbound, this host's ``time.time``.
     """
 

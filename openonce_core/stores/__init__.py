@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..clock import ClockLike, as_clock
+from .._clock import ClockLike, as_clock
 from .base import Store, Watch
 from .sqlite import InMemoryStore, SQLiteStore
 

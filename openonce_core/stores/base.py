@@ -1,7 +1,7 @@
 """The protocol every ledger store implements, and the in-process wake-up board.
 
 Stores persist; they do not decide. Every rule lives in the core, and only one module of
-it writes: :class:`openonce_core.ledger.Ledger`, which checks each move against the state
+it writes: :class:`openonce_core._ledger.Ledger`, which checks each move against the state
 table and then asks a store for a *conditional* change — ``update`` applies only if the
 effect is still in one of the expected states with the expected fence, and writes its
 journal lines (and approval, if any) in the same transaction. A store never changes state
@@ -13,12 +13,12 @@ thread it inherited (see ``forksafe.py``).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from ..clock import Clock
-from ..records import Approval, Effect, JournalEntry
+from .._clock import Clock
+from .._records import Approval, Effect, JournalEntry
+from ._wake import WakeBoard
 from .sql import Cutoff, ReplayRow
 
 
@@ -41,7 +41,7 @@ class Store(Protocol):
     ) -> list[Effect]: ...
     def expired_leases(self, at: float, limit: int = 100) -> list[Effect]: ...
     def started_by(self, owner_prefix: str, limit: int = 100) -> list[Effect]: ...
-    # What is due: UNKNOWN effects past their grace or backoff (``openonce_core.due`` is
+    # What is due: UNKNOWN effects past their grace or backoff (``openonce_core._due`` is
     # the rule; these are the index ranges it reads, ``sql.SQLStore`` documents each).
     def fresh_unknown_tools(self) -> list[str]: ...
     def fresh_unknown(
@@ -83,7 +83,7 @@ class Store(Protocol):
         ``loose``: however the value is spelt)."""
         ...
 
-    # -- writes (only openonce_core.ledger.Ledger calls these) -------------------------------
+    # -- writes (only openonce_core._ledger.Ledger calls these) -------------------------------
     def insert(self, effect: Effect, entries: Sequence[JournalEntry]) -> bool:
         """Create ``effect`` with its first journal line(s), unless its key is taken."""
         ...
@@ -124,50 +124,6 @@ class Store(Protocol):
 
     def watch(self, effect_id: str) -> Watch: ...
     def close(self) -> None: ...
-
-
-class WakeBoard:
-    """Wakes in-process waiters the moment an effect changes, instead of polling."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._waiters: dict[str, set[threading.Event]] = {}
-
-    def register(self, effect_id: str) -> threading.Event:
-        ev = threading.Event()
-        with self._lock:
-            self._waiters.setdefault(effect_id, set()).add(ev)
-        return ev
-
-    def unregister(self, effect_id: str, ev: threading.Event) -> None:
-        with self._lock:
-            evs = self._waiters.get(effect_id)
-            if evs is not None:
-                evs.discard(ev)
-                if not evs:
-                    del self._waiters[effect_id]
-
-    def wake(self, effect_id: str) -> None:
-        # Runs after every commit on the hot path: one dict lookup when nobody waits.
-        if self._waiters.get(effect_id):
-            with self._lock:
-                for ev in self._waiters.get(effect_id, ()):
-                    ev.set()
-
-    def waiting(self) -> list[str]:
-        with self._lock:
-            return list(self._waiters)
-
-    def wake_all(self) -> None:
-        with self._lock:
-            for evs in self._waiters.values():
-                for ev in evs:
-                    ev.set()
-
-    def after_fork(self) -> None:
-        # The parent's waiters are not in this process; its lock may have been held.
-        self._lock = threading.Lock()
-        self._waiters = {}
 
 
 class Watch:

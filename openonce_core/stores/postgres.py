@@ -33,7 +33,7 @@ re-reads every 0.25 s anyway). A LISTEN through pgbouncer would stay on a server
 that other clients are then lent, and they would collect the notifications.
 
 Leases and every other time the core writes come from the database's own clock
-(:class:`~openonce_core.clock.DatabaseClock`), so hosts with skewed clocks agree.
+(:class:`~openonce_core._clock.DatabaseClock`), so hosts with skewed clocks agree.
 """
 
 from __future__ import annotations
@@ -51,11 +51,13 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from .. import forksafe, schema
-from ..clock import ClockLike, DatabaseClock, as_clock
-from ..records import Approval, Effect, JournalEntry
+from .. import _forksafe as forksafe
+from .. import _schema as schema
+from .._clock import ClockLike, DatabaseClock, as_clock
+from .._records import Approval, Effect, JournalEntry
 from . import sql
-from .base import WakeBoard, Watch
+from ._wake import WakeBoard
+from .base import Watch
 
 T = TypeVar("T")
 CHANNEL = "openonce_effects"
@@ -437,7 +439,7 @@ class PostgresStore(sql.SQLStore):
 
         return self._read(work)
 
-    # -- writes (called by openonce_core.ledger only) -----------------------------------------
+    # -- writes (called by openonce_core._ledger only) -----------------------------------------
 
     def insert(self, effect: Effect, entries: Sequence[JournalEntry]) -> bool:
         inserted, _ = self._insert(effect, entries, find=False)
@@ -585,7 +587,7 @@ class PostgresStore(sql.SQLStore):
             # The claim may have landed: whatever we hold now is ours.
             return [e.id for e in self.get_many(effect_ids) if e.lease_owner == owner]
 
-    # -- the retention (openonce_core/retention.py) ------------------------------------------
+    # -- the retention (openonce_core/_retention.py) ------------------------------------------
 
     def retention_write(self, work: Callable[[Any], T]) -> T:
         """Run ``work(cursor)`` in one transaction that may delete journal lines and

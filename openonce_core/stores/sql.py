@@ -11,15 +11,13 @@ import dataclasses
 import json
 import re
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
-from ..canonical import dumps
-from ..clock import Clock
-from ..records import Approval, Effect, JournalEntry
-from ..states import EffectState
-
-if TYPE_CHECKING:
-    from .base import WakeBoard
+from .._canonical import dumps
+from .._clock import Clock
+from .._records import Approval, Effect, JournalEntry
+from .._states import EffectState
+from ._wake import WakeBoard
 
 # Effect field -> column, in table order. JSON-valued fields are stored as text.
 JSON_FIELDS = frozenset({"args", "execution_evidence", "verification_evidence", "result", "error"})
@@ -48,7 +46,7 @@ SELECT_COLUMNS = ", ".join(COLUMNS)
 NEW_COLUMNS = [column(f) for f in NEW_FIELDS]
 JOURNAL_COLUMNS = "effect_id, at, from_state, to_state, actor, reason, evidence_json, action"
 APPROVAL_COLUMNS = "effect_id, decision, decided_by, reason, args_fingerprint, at, expires_at"
-# What a key's tombstone holds (openonce_core/retention.py), in ``Tombstone``'s order.
+# What a key's tombstone holds (openonce_core/_retention.py), in ``Tombstone``'s order.
 TOMBSTONE_COLUMNS = "effect_id, state, args_fingerprint, created_at, archived_at, archive"
 
 # A replay needs only these: whether the effect is settled, whether the call matches it,
@@ -334,7 +332,7 @@ class SQLStore:
         )
         return [effect_from_row(r) for r in rows]
 
-    # -- what is due (openonce_core/due.py says when; these find it by index) --------------
+    # -- what is due (openonce_core/_due.py says when; these find it by index) --------------
     # Each WHERE repeats its partial index's predicate word for word, so that both planners
     # (and Postgres's generic plans) can use the index whatever the parameters.
 
@@ -514,7 +512,7 @@ class SQLStore:
         )
         return row is not None
 
-    # -- the retention's tombstones (openonce_core/retention.py) ------------------------------
+    # -- the retention's tombstones (openonce_core/_retention.py) ------------------------------
 
     def tombstone(self, tool: str, idempotency_key: str) -> Any:
         """The key's tombstone (``TOMBSTONE_COLUMNS``), or None."""

@@ -40,12 +40,14 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from .. import forksafe, schema
-from ..clock import SYSTEM_CLOCK, ClockLike, as_clock
+from .. import _forksafe as forksafe
+from .. import _schema as schema
+from .._clock import SYSTEM_CLOCK, ClockLike, as_clock
+from .._records import Approval, Effect, JournalEntry
 from ..errors import ConfigurationError
-from ..records import Approval, Effect, JournalEntry
 from . import sql
-from .base import WakeBoard, Watch
+from ._wake import WakeBoard
+from .base import Watch
 
 T = TypeVar("T")
 
@@ -509,7 +511,7 @@ class SQLiteStore(sql.SQLStore):
             ).fetchone()
             return schema.current_version(conn.cursor()) if exists else 0
 
-    # -- writes (called by openonce_core.ledger only) -----------------------------------------
+    # -- writes (called by openonce_core._ledger only) -----------------------------------------
 
     def insert(self, effect: Effect, entries: Sequence[JournalEntry]) -> bool:
         row = sql.new_effect_row(effect)
@@ -594,7 +596,7 @@ class SQLiteStore(sql.SQLStore):
         self._write(work)
         return claimed
 
-    # -- the retention (openonce_core/retention.py) ------------------------------------------
+    # -- the retention (openonce_core/_retention.py) ------------------------------------------
 
     def retention_write(self, work: Callable[[Any], T]) -> T:
         """Run ``work(cursor)`` in one write transaction in which the journal's and the

@@ -50,7 +50,7 @@ def test_prints_every_row_on_a_tiny_ledger():
     out = done.stdout
     for row in ROWS:
         assert re.search(re.escape(row) + VERDICT, out, re.M), f"{row!r} missing:\n{out}"
-    if importlib.util.find_spec("openonce_core.retention") is None:
+    if importlib.util.find_spec("openonce_core._retention") is None:
         assert "retention: not available" in out
     else:
         for row in RETENTION_ROWS[:2]:

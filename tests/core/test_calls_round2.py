@@ -174,7 +174,7 @@ def test_an_exception_that_cannot_be_described_is_recorded_unknown(monkeypatch):
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("describe broke")
 
-    monkeypatch.setattr("openonce_core.calls.describe", broken)
+    monkeypatch.setattr("openonce_core._calls.describe", broken)
     calls: list[str] = []
     with OpenOnce(":memory:", secret_pepper=PEPPER) as oo:
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from openonce_core import FloatInKeyMaterialError, InvalidArgumentsError, OpenOnceError
-from openonce_core.canonical import (
+from openonce_core._canonical import (
     MAX_SAFE_INTEGER,
     canonical,
     check_json,
@@ -289,7 +289,7 @@ def test_the_fast_path_writes_exactly_the_rfc_8785_text():
     of existing ledgers would change."""
     import random
 
-    from openonce_core.canonical import canonical, check_json
+    from openonce_core._canonical import canonical, check_json
 
     rng = random.Random(8785)
     alphabet = ["a", "Z", "0", " ", '"', "\\", "/", "\x00", "\x1f", "\x7f", "é", "€", "\u2028",

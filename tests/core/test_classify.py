@@ -33,7 +33,7 @@ from openonce_core import (
     RetryableEffectError,
     UnknownOutcomeError,
 )
-from openonce_core.classify import DEFAULT_RETRYABLE, DEFAULT_UNKNOWN, MAX_CHAIN
+from openonce_core._classify import DEFAULT_RETRYABLE, DEFAULT_UNKNOWN, MAX_CHAIN
 
 FAILED = FailureClass.FAILED
 RETRYABLE = FailureClass.RETRYABLE

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from openonce_core import EffectState, OpenOnce, require_approval_for
-from openonce_core.schema import SCHEMA_VERSION
+from openonce_core._schema import SCHEMA_VERSION
 
 
 def openonce(db: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,4 @@
-"""What is due, read by index, on every store (openonce_core/due.py; issue 19).
+"""What is due, read by index, on every store (openonce_core/_due.py; issue 19).
 
 An UNKNOWN effect is due at its next probe time: ``next_probe_at`` once the reconciler asked
 again later, else its last change plus its tool's grace. The sweep finds due effects through
@@ -18,12 +18,12 @@ import psycopg
 import pytest
 
 from openonce_core import EffectState, OpenOnce, Store
-from openonce_core.due import Grace, count_overdue_unknown, overdue_unknown
+from openonce_core._due import Grace, count_overdue_unknown, overdue_unknown
+from openonce_core._probe import ProbeOutcome, ProbeResult
+from openonce_core._providers import CapabilityMatrix
+from openonce_core._reconcile import Reconciler
+from openonce_core._records import Effect, JournalEntry, new_effect_id
 from openonce_core.errors import ProbeTransientError
-from openonce_core.probe import ProbeOutcome, ProbeResult
-from openonce_core.providers import CapabilityMatrix
-from openonce_core.reconcile import Reconciler
-from openonce_core.records import Effect, JournalEntry, new_effect_id
 from openonce_core.stores.sql import SELECT_COLUMNS
 from openonce_core.testing import FakeClock
 

@@ -25,14 +25,14 @@ import openonce_core
 from openonce_core import EffectState as S
 from openonce_core import OpenOnce, UnknownOutcomeError, require_approval_for
 from openonce_core import errors as E
-from openonce_core.bridge import HandlerNotStarted
+from openonce_core._bridge import HandlerNotStarted
+from openonce_core._clock import ClockUnavailableError
+from openonce_core._retention import ArchiveError
 from openonce_core.cli_providers import UsageError
 from openonce_core.cli_test import SuiteFileError
-from openonce_core.clock import ClockUnavailableError
 from openonce_core.probers.email import MailStoreReadError
 from openonce_core.probers.github import GitHubReadError
 from openonce_core.probers.stripe import StripeReadError, StripeSearchUnavailableError
-from openonce_core.retention import ArchiveError
 from openonce_core.stores.postgres import PoolTimeout
 from openonce_core.testing import ChargeDeclined, LookupUnavailableError
 from tests.support.child_calls import refund_with_lost_reply

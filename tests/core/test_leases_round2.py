@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 
 from openonce_core import OpenOnce, Store, leases
-from openonce_core.clock import ClockUnavailableError, DatabaseClock
-from openonce_core.leases import HOST, LeaseKeeper, dead_owner, process_owner
-from openonce_core.probe import ProbeOutcome, ProbeResult
-from openonce_core.reconcile import Reconciler
-from openonce_core.records import Effect
-from openonce_core.states import EffectState
+from openonce_core._clock import ClockUnavailableError, DatabaseClock
+from openonce_core._leases import HOST, LeaseKeeper, dead_owner, process_owner
+from openonce_core._probe import ProbeOutcome, ProbeResult
+from openonce_core._reconcile import Reconciler
+from openonce_core._records import Effect
+from openonce_core._states import EffectState
 from openonce_core.testing import FakeClock, fake_payment_capability, stop_heartbeat
 
 S = EffectState

@@ -87,7 +87,7 @@ def test_the_error_tree_is_complete():
         assert name in errors.__doc__
     assert issubclass(openonce_core.ConformanceError, AssertionError)
     # The modules that used to define them still expose the same classes.
-    assert importlib.import_module("openonce_core.providers").CapabilityError is (
+    assert importlib.import_module("openonce_core._providers").CapabilityError is (
         openonce_core.CapabilityError
     )
-    assert importlib.import_module("openonce_core.wiring").WiringError is openonce_core.WiringError
+    assert importlib.import_module("openonce_core._wiring").WiringError is openonce_core.WiringError

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from openonce_core.redact import redact_text
+from openonce_core._redact import redact_text
 
 SECRET = "[secret]"
 

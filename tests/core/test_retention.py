@@ -1,4 +1,4 @@
-"""The retention (openonce_core/retention.py), on every store: old terminal effects are
+"""The retention (openonce_core/_retention.py), on every store: old terminal effects are
 archived to a gzip JSON lines file, then deleted with their journal lines and approvals;
 their keys leave tombstones, so a duplicate after archival is refused, never run again;
 an import puts everything back and replays work again."""
@@ -24,13 +24,13 @@ from openonce_core import (
     OutcomeUnknownError,
     require_approval_for,
 )
-from openonce_core.errors import EffectArchivedError
-from openonce_core.retention import (
+from openonce_core._retention import (
     ArchiveError,
     RetentionPolicy,
     find_tombstone,
     import_archive,
 )
+from openonce_core.errors import EffectArchivedError
 from openonce_core.testing import FakeClock
 from tests.support.retention import (
     DAY,
@@ -469,7 +469,7 @@ def test_postgres_deletes_only_after_older_statements_end(store, tmp_path) -> No
     try:
         with statement_held(holder, waiter, 4242):
             assert store.wait_for_older_statements(0.05) is False
-            import openonce_core.retention as retention
+            import openonce_core._retention as retention
 
             original, retention.BARRIER_SECONDS = retention.BARRIER_SECONDS, 0.05
             try:

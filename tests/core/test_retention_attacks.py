@@ -1,4 +1,4 @@
-"""Attacks on the retention's promises (openonce_core/retention.py), on every store: a crash
+"""Attacks on the retention's promises (openonce_core/_retention.py), on every store: a crash
 or a full disk at each step loses nothing and leaves nothing behind, a re-import restores
 the rows exactly, a duplicate racing the archival never runs twice, the journal stays
 append-only for everyone else, and bad archives are refused with nothing changed."""
@@ -16,14 +16,14 @@ import psycopg
 import pytest
 
 from openonce_core import ApprovalPending, EffectState, require_approval_for
-from openonce_core.errors import EffectArchivedError
-from openonce_core.retention import (
+from openonce_core._retention import (
     ArchiveError,
     RetentionPolicy,
     find_tombstone,
     import_archive,
     parse_duration,
 )
+from openonce_core.errors import EffectArchivedError
 from openonce_core.testing import FakeClock
 from tests.support.retention import (
     DAY,
@@ -117,7 +117,7 @@ def test_a_crash_at_any_step_loses_nothing(store, tmp_path, monkeypatch, stateme
 def test_a_full_disk_is_a_clear_error_and_changes_nothing(store, tmp_path, monkeypatch) -> None:
     agent = approved_history(store)
     before = dump(store)
-    import openonce_core.retention as retention
+    import openonce_core._retention as retention
 
     class FullDisk:
         """The file takes half of what is written, then the disk is full."""

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from openonce_core.retention import RetentionPolicy
+from openonce_core._retention import RetentionPolicy
 from openonce_core.stores.postgres import PostgresStore
 from openonce_core.testing import FakeClock
 from tests.support.retention import DAY, Agent, age, run

@@ -14,9 +14,9 @@ from typing import Any
 import psycopg
 import pytest
 
-import openonce_core.retention as retention
+import openonce_core._retention as retention
+from openonce_core._retention import find_tombstone, import_archive, run_retention
 from openonce_core.errors import EffectArchivedError
-from openonce_core.retention import find_tombstone, import_archive, run_retention
 from openonce_core.stores.postgres import PostgresStore
 from openonce_core.stores.sqlite import SQLiteStore
 from openonce_core.testing import FakeClock

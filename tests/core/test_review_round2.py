@@ -35,9 +35,9 @@ from openonce_core import (
     SQLiteStore,
     Store,
 )
+from openonce_core._failures import describe
+from openonce_core._leases import HOST, process_owner
 from openonce_core.errors import ConfigurationError, OpenOnceError, ResultUnavailableError
-from openonce_core.failures import describe
-from openonce_core.leases import HOST, process_owner
 from openonce_core.testing import FakeClock, stop_heartbeat
 from tests.support.workers import append_line, read_lines
 
@@ -150,7 +150,7 @@ def test_describe_writes_every_text_storably_and_keeps_args_exact():
     assert doc["args"] is None  # a lone surrogate is not JSON: not kept, not mangled
     plain = describe(Declined("a\x00b"), "failed", ())
     assert plain["args"] == ["a\x00b"]  # JSON writes NUL as \u0000: kept for the replay
-    from openonce_core.failures import safe_text
+    from openonce_core._failures import safe_text
 
     assert safe_text("plain") == "plain"
 
@@ -184,7 +184,7 @@ def test_an_outcome_the_store_refuses_is_recorded_unknown_not_left_started(
 ):
     """The backstop: were a description to slip through unescaped, the write the store
     refuses for its data ends UNKNOWN (the attempt ran), not STARTED until the lease ends."""
-    import openonce_core.calls as calls
+    import openonce_core._calls as calls
 
     if "\x00" in text and store.dialect != "postgres":
         pytest.skip("only Postgres text refuses a NUL")

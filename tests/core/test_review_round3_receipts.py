@@ -20,7 +20,7 @@ import pytest
 from test_receipt_verdicts import _effect, _unchanged
 
 from openonce_core import OpenOnce, ReceiptIdentityError
-from openonce_core.decisions import ProviderCheck
+from openonce_core._decisions import ProviderCheck
 
 
 @pytest.mark.parametrize("held", ["7", "#7", " 7 ", "007"])
@@ -128,7 +128,7 @@ GITHUB_CLASSIC = "0123456789abcdef0123456789abcdef01234567"  # a 40-hex OAuth to
     ],
 )
 def test_a_quoted_authorization_header_is_redacted(text: str) -> None:
-    from openonce_core.redact import redact_text
+    from openonce_core._redact import redact_text
 
     assert GITHUB_CLASSIC not in redact_text(text)
     assert "[secret]" in redact_text(text)
@@ -139,13 +139,13 @@ def test_a_quoted_authorization_header_is_redacted(text: str) -> None:
     ["card 4242.4242.4242.4242 declined", "card 4242\u00a04242\u00a04242\u00a04242 declined"],
 )
 def test_a_card_grouped_with_dots_or_no_break_spaces_is_redacted(text: str) -> None:
-    from openonce_core.redact import redact_text
+    from openonce_core._redact import redact_text
 
     assert "4242" not in redact_text(text) and "[secret]" in redact_text(text)
 
 
 def test_numbers_with_dots_that_are_no_card_stay() -> None:
-    from openonce_core.redact import redact_text
+    from openonce_core._redact import redact_text
 
     for text in ("v1.2.3", "10.0.0.12", "amount 1234.56", "192.168.100.200:443"):
         assert redact_text(text) == text

@@ -1,6 +1,6 @@
 """A ledger written by an older schema version keeps every effect and journal line when it
 is migrated, and works the same afterwards (version 4 re-keys the Postgres journal; version
-5 adds ``next_probe_at`` and the indexes of what is due, openonce_core/due.py).
+5 adds ``next_probe_at`` and the indexes of what is due, openonce_core/_due.py).
 
 The old ledgers hold rows exactly as calls write them: made by this code on a scratch
 ledger, then copied column for column (all but the ones a later version added)."""
@@ -15,8 +15,8 @@ import psycopg
 import pytest
 
 from openonce_core import OpenOnce, SQLiteStore, Store
-from openonce_core.reconcile import Reconciler
-from openonce_core.schema import SCHEMA_TABLE, SCHEMA_VERSION, migrations
+from openonce_core._reconcile import Reconciler
+from openonce_core._schema import SCHEMA_TABLE, SCHEMA_VERSION, migrations
 from openonce_core.stores.postgres import PostgresStore
 from openonce_core.stores.sql import COLUMNS, JOURNAL_COLUMNS
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from openonce_core import BusinessError, EffectState, OpenOnce, OutcomeUnknownError
-from openonce_core.failures import contains_secret, scrub
+from openonce_core._failures import contains_secret, scrub
 
 S = EffectState
 PEPPER = b"pepper-for-tests-0123456789abcdef"

@@ -39,7 +39,7 @@ from openonce_core import (
     current_effect,
     require_approval_for,
 )
-from openonce_core.clock import DatabaseClock
+from openonce_core._clock import DatabaseClock
 from openonce_core.stores.postgres import PostgresStore
 from openonce_core.testing import FakeClock
 from tests.support.workers import append_line, read_lines

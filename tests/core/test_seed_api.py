@@ -40,7 +40,7 @@ from openonce_core import (
     load_capabilities_file,
     scan_effect_tools,
 )
-from openonce_core.scan import scan_tree
+from openonce_core._scan import scan_tree
 from openonce_core.testing import FakeClock
 from tests.conftest import make_target
 
@@ -90,14 +90,14 @@ def test_openonce_submodules_are_the_openonce_core_modules_whichever_comes_first
         import openonce_core.integrations.langgraph as real
         import openonce_core.stores.sqlite as real_sqlite
         import openonce.stores.sqlite as alias_sqlite
-        import openonce.testing, openonce_core.testing, openonce_core.probe
+        import openonce.testing, openonce_core.testing, openonce_core._probe
         from openonce.probe import ProbeOutcome, ProbeResult
 
         assert alias is real and alias_sqlite is real_sqlite
         assert openonce.testing is openonce_core.testing
         # The module keeps its own name: relative imports and pickles resolve to it.
         assert real.__spec__.name == real.__name__ == "openonce_core.integrations.langgraph"
-        assert ProbeResult is openonce_core.probe.ProbeResult
+        assert ProbeResult is openonce_core._probe.ProbeResult
         result = pickle.loads(pickle.dumps(ProbeResult(ProbeOutcome.HAPPENED, receipt={"n": 1})))
         assert isinstance(result, openonce_core.ProbeResult)
         assert result.outcome is openonce_core.ProbeOutcome.HAPPENED

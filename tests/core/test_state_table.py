@@ -25,8 +25,8 @@ from openonce_core import (
     decisions_allowed,
     require_approval_for,
 )
-from openonce_core.ledger import Then
-from openonce_core.states import DECISIONS, LEGAL, MOVES, check_move
+from openonce_core._ledger import Then
+from openonce_core._states import DECISIONS, LEGAL, MOVES, check_move
 from openonce_core.testing import FakeClock
 
 S = EffectState

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from openonce_core import EffectState, OpenOnce, OutcomeUnknownError, Store
-from openonce_core.probe import ProbeOutcome, ProbeResult
-from openonce_core.reconcile import Reconciler, ReconcileReport
-from openonce_core.records import Effect
+from openonce_core._probe import ProbeOutcome, ProbeResult
+from openonce_core._reconcile import Reconciler, ReconcileReport
+from openonce_core._records import Effect
 from openonce_core.testing import FakeClock
 
 S = EffectState

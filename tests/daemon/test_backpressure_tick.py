@@ -20,9 +20,9 @@ import pytest
 from celery import Celery
 
 from openonce_core import EffectState, OpenOnce, OutcomeUnknownError
-from openonce_core.probe import ProbeOutcome, ProbeResult
-from openonce_core.reconcile import Reconciler
-from openonce_core.records import Effect
+from openonce_core._probe import ProbeOutcome, ProbeResult
+from openonce_core._reconcile import Reconciler
+from openonce_core._records import Effect
 from openonce_core.testing import FakeClock
 from tests.support.daemon import pick_redis_db, redis_client
 

@@ -1,5 +1,5 @@
 """``/metrics`` and the console's queue read what is pending, never history (issue 19), and
-agree with the reconciler on what is due: one rule (openonce_core/due.py), on the ledger's
+agree with the reconciler on what is due: one rule (openonce_core/_due.py), on the ledger's
 clock, served by the site's Grace (``ledger.clients.get_grace``).
 
 The ledger's statements are watched through the site's store (its ``_all`` and ``_one``):
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from openonce_core.states import TERMINAL, EffectState
+from openonce_core._states import TERMINAL, EffectState
 from tests.core.test_due_indexed import Reads, copies, park
 from tests.daemon.test_reconciler_envelope import parse_metrics
 

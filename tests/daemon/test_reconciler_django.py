@@ -30,7 +30,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from openonce_core import OpenOnce
-from openonce_core.schema import SCHEMA_VERSION
+from openonce_core._schema import SCHEMA_VERSION
 from openonce_core.testing import stop_heartbeat
 from openonce_site import env as envmod
 from tests.support.daemon import (

@@ -24,9 +24,9 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.utils import timezone
 
 from openonce_core import OpenOnce
+from openonce_core._probe import ProbeOutcome, ProbeResult
+from openonce_core._records import Effect
 from openonce_core.errors import ProbeCredentialError, ProbeTransientError
-from openonce_core.probe import ProbeOutcome, ProbeResult
-from openonce_core.records import Effect
 from tests.support.daemon import make_unknown, manage
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 import redis
 
+from openonce_core._probe import ProbeOutcome
+from openonce_core._records import Effect
 from openonce_core.errors import ProbeTransientError
-from openonce_core.probe import ProbeOutcome
 from openonce_core.probers import GitHubPullRequestProber, GitHubRestClient, RateLimiter, _http
-from openonce_core.records import Effect
 from reconciler import ratelimit
 from tests.support.fake_github import FakeGitHubServer
 from tests.support.fake_imap import free_port

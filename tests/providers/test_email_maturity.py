@@ -17,10 +17,10 @@ import pytest
 
 import openonce_core.probers.email as email_module
 from openonce_core import EffectState, OpenOnce, OutcomeUnknownError, Store, current_effect
-from openonce_core.probe import MATURITY_MARGIN_SECONDS, ProbeOutcome, ProbeResult
+from openonce_core._probe import MATURITY_MARGIN_SECONDS, ProbeOutcome, ProbeResult
+from openonce_core._reconcile import Reconciler
+from openonce_core._records import Effect
 from openonce_core.probers import EmailMessageIdProber, message_id_for
-from openonce_core.reconcile import Reconciler
-from openonce_core.records import Effect
 from openonce_core.testing import FakeClock
 from tests.support.fake_imap import FakeImapServer
 from tests.support.tls import LocalPKI, make_pki

@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 
 from openonce_core import EffectState
+from openonce_core._probe import ProbeOutcome
+from openonce_core._records import Effect
 from openonce_core.errors import ProbeCredentialError, ProbeTransientError
-from openonce_core.probe import ProbeOutcome
 from openonce_core.probers import (
     GitHubPullRequestProber,
     GitHubReadError,
     GitHubRestClient,
     RateLimiter,
 )
-from openonce_core.records import Effect
 from tests.support.fake_github import FakeGitHubServer
 from tests.support.fake_http import ManualClock
 

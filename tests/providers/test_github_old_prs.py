@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from openonce_core import EffectState, OpenOnce, OutcomeUnknownError
-from openonce_core.probe import ProbeOutcome
+from openonce_core._probe import ProbeOutcome
+from openonce_core._reconcile import Reconciler
+from openonce_core._records import Effect
 from openonce_core.probers import GitHubPullRequestProber, GitHubRestClient, RateLimiter
 from openonce_core.probers.github import CREATED_SKEW
-from openonce_core.reconcile import Reconciler
-from openonce_core.records import Effect
 from tests.support.fake_github import FakeGitHubServer
 
 TOKEN = "ghp_good"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from openonce_core import EffectState, OpenOnce, OutcomeUnknownError, current_effect
-from openonce_core.probe import ProbeOutcome
-from openonce_core.reconcile import Reconciler
+from openonce_core._probe import ProbeOutcome
+from openonce_core._reconcile import Reconciler
 from openonce_core.testing import (
     SAFE,
     ChargeDeclined,

@@ -16,10 +16,10 @@ import pytest
 
 import openonce_core.probers.email as email_module
 from openonce_core import EffectState
+from openonce_core._probe import ProbeOutcome
+from openonce_core._records import Effect
 from openonce_core.errors import ProbeCredentialError, ProbeError, ProbeTransientError
-from openonce_core.probe import ProbeOutcome
 from openonce_core.probers import EmailMessageIdProber, ImapSentFolder, message_id_for
-from openonce_core.records import Effect
 from tests.support.fake_imap import FakeImapServer, free_port
 from tests.support.tls import LocalPKI, make_pki
 

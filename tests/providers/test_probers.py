@@ -21,8 +21,15 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from openonce_core import EffectState, OpenOnce, OutcomeUnknownError, current_effect
+from openonce_core._probe import ProbeOutcome, ProbeResult
+from openonce_core._providers import (
+    BUILTIN_CAPABILITIES,
+    ConformanceScenario,
+    assert_conformance,
+)
+from openonce_core._reconcile import Reconciler
+from openonce_core._records import Effect
 from openonce_core.errors import ProbeCredentialError, ProbeTransientError
-from openonce_core.probe import ProbeOutcome, ProbeResult
 from openonce_core.probers import (
     EmailMessageIdProber,
     GitHubPullRequestProber,
@@ -36,13 +43,6 @@ from openonce_core.probers import (
     effect_metadata,
     message_id_for,
 )
-from openonce_core.providers import (
-    BUILTIN_CAPABILITIES,
-    ConformanceScenario,
-    assert_conformance,
-)
-from openonce_core.reconcile import Reconciler
-from openonce_core.records import Effect
 
 HAPPENED = ProbeOutcome.HAPPENED
 NOT_HAPPENED = ProbeOutcome.NOT_HAPPENED

@@ -8,9 +8,8 @@ import re
 
 import pytest
 
-from openonce_core.errors import OpenOnceError
-from openonce_core.probe import ProbeOutcome, ProbeResult
-from openonce_core.providers import (
+from openonce_core._probe import ProbeOutcome, ProbeResult
+from openonce_core._providers import (
     BUILTIN_CAPABILITIES,
     Capability,
     CapabilityError,
@@ -29,6 +28,7 @@ from openonce_core.providers import (
     readiness_problems,
     suggest_capability,
 )
+from openonce_core.errors import OpenOnceError
 
 MATRIX = CapabilityMatrix()
 STRIPE = MATRIX.get("stripe")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from openonce_core._providers import CapabilityMatrix
 from openonce_core.cli_providers import add_providers_parser, cmd_providers
-from openonce_core.providers import CapabilityMatrix
 
 GITHUB = CapabilityMatrix().get("github_pr")
 assert GITHUB is not None

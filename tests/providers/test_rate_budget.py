@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import pytest
 
 from openonce_core import EffectState
+from openonce_core._probe import ProbeOutcome
+from openonce_core._records import Effect
 from openonce_core.errors import ProbeError
-from openonce_core.probe import ProbeOutcome
 from openonce_core.probers import GitHubPullRequestProber, GitHubRestClient, RateLimiter
 from openonce_core.probers import github as gh
-from openonce_core.records import Effect
 from tests.support.fake_github import FakeGitHubServer
 from tests.support.fake_http import ManualClock
 

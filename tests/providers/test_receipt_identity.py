@@ -20,7 +20,7 @@ from openonce_core import (
     ReceiptIdentityError,
     UnknownOutcomeError,
 )
-from openonce_core.providers import BUILTIN_CAPABILITIES, receipt_identity_problems
+from openonce_core._providers import BUILTIN_CAPABILITIES, receipt_identity_problems
 
 
 def _unknown(oo: OpenOnce, tool: str, **args: Any) -> str:
@@ -135,7 +135,7 @@ def test_a_matching_receipt_needs_no_override(store) -> None:
 
 
 def test_a_receipt_names_one_object_of_the_tools_kind() -> None:
-    from openonce_core.providers import receipt_object_problems
+    from openonce_core._providers import receipt_object_problems
 
     def problems(tool: str, receipt: dict[str, Any]) -> list[str]:
         return receipt_object_problems(tool, _caps(tool), receipt)
@@ -161,7 +161,7 @@ def test_a_receipt_names_one_object_of_the_tools_kind() -> None:
 
 
 def test_identities_a_receipt_claims() -> None:
-    from openonce_core.providers import receipt_identities, tool_prefix
+    from openonce_core._providers import receipt_identities, tool_prefix
 
     [stripe] = receipt_identities(_caps("stripe.charge"), {"stripe_id": "pi_1"}, {})
     assert (stripe.field, stripe.value, stripe.label) == ("stripe_id", "pi_1", "Stripe object pi_1")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from openonce_core.providers import CapabilityMatrix
-from openonce_core.scan import (
+from openonce_core._providers import CapabilityMatrix
+from openonce_core._scan import (
     ScannedTool,
     handler_contract_problems,
     receipt_contract_problems,

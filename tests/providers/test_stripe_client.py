@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from openonce_core import EffectState, OpenOnce, OutcomeUnknownError, current_effect
+from openonce_core._probe import ProbeOutcome
+from openonce_core._reconcile import Reconciler
+from openonce_core._records import Effect
 from openonce_core.errors import ProbeCredentialError, ProbeTransientError
-from openonce_core.probe import ProbeOutcome
 from openonce_core.probers import (
     STRIPE_VERSION,
     RateLimiter,
@@ -22,8 +24,6 @@ from openonce_core.probers import (
     StripeRestClient,
     effect_metadata,
 )
-from openonce_core.reconcile import Reconciler
-from openonce_core.records import Effect
 from tests.support.fake_http import ManualClock
 from tests.support.fake_imap import free_port
 from tests.support.fake_stripe import FakeStripeServer

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from openonce_core import EffectState
+from openonce_core._probe import ProbeOutcome
+from openonce_core._records import Effect
 from openonce_core.errors import ProbeTransientError
-from openonce_core.probe import ProbeOutcome
 from openonce_core.probers import RateLimiter, StripeProber, StripeRestClient
 from openonce_core.probers.stripe import CREATED_SKEW_SECONDS
-from openonce_core.records import Effect
 from tests.support.fake_http import ManualClock
 from tests.support.fake_stripe import FakeStripeServer
 

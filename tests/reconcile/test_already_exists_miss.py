@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from openonce_core import OpenOnce, OutcomeUnknownError
-from openonce_core.probe import ProbeOutcome, ProbeResult
-from openonce_core.reconcile import Reconciler
+from openonce_core._probe import ProbeOutcome, ProbeResult
+from openonce_core._reconcile import Reconciler
 from openonce_core.testing import FakeClock
 from tests.core import test_classify_real_sdks as real_sdks
 from tests.core.test_classify_dedup import PLAIN_422, PR_EXISTS_422, httpx_create_pr

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from openonce_core import EffectState, OpenOnce
+from openonce_core._probe import ProbeOutcome, ProbeResult
+from openonce_core._reconcile import Reconciler
 from openonce_core.errors import OutcomeUnknownError, ProbeCredentialError
-from openonce_core.probe import ProbeOutcome, ProbeResult
-from openonce_core.reconcile import Reconciler
 
 KEY = "sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc"
 CARD = "4242424242424242"

@@ -29,10 +29,10 @@ from openonce_core import (
     Store,
     current_effect,
 )
-from openonce_core.probe import ProbeOutcome, ProbeResult
-from openonce_core.providers import CapabilityMatrix
-from openonce_core.reconcile import Reconciler, ReconcileReport
-from openonce_core.records import Effect
+from openonce_core._probe import ProbeOutcome, ProbeResult
+from openonce_core._providers import CapabilityMatrix
+from openonce_core._reconcile import Reconciler, ReconcileReport
+from openonce_core._records import Effect
 from openonce_core.testing import FakeClock
 
 S = EffectState

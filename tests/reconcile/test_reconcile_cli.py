@@ -33,7 +33,7 @@ PROBERS_SOURCE = textwrap.dedent(
     import json
     from pathlib import Path
 
-    from openonce_core.probe import ProbeOutcome, ProbeResult
+    from openonce_core._probe import ProbeOutcome, ProbeResult
 
     PROVIDER = Path(__file__).with_name("provider.json")
 

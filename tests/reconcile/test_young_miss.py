@@ -16,10 +16,10 @@ import pytest
 
 import openonce_core.probers.stripe as stripe_module
 from openonce_core import EffectState, OpenOnce, OutcomeUnknownError, Store, current_effect
-from openonce_core.probe import ProbeOutcome, ProbeResult
+from openonce_core._probe import ProbeOutcome, ProbeResult
+from openonce_core._reconcile import Reconciler
+from openonce_core._records import Effect
 from openonce_core.probers import RateLimiter, StripeProber, StripeRestClient, effect_metadata
-from openonce_core.reconcile import Reconciler
-from openonce_core.records import Effect
 from openonce_core.testing import FakeClock
 from tests.support.fake_stripe import FakeStripeServer
 

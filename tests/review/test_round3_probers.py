@@ -22,8 +22,9 @@ import pytest
 import redis
 
 from openonce_core import EffectState
+from openonce_core._probe import ProbeOutcome
+from openonce_core._records import Effect
 from openonce_core.errors import ProbeTransientError
-from openonce_core.probe import ProbeOutcome
 from openonce_core.probers import (
     GitHubPullRequestProber,
     GitHubRestClient,
@@ -31,7 +32,6 @@ from openonce_core.probers import (
     StripeProber,
     StripeRestClient,
 )
-from openonce_core.records import Effect
 from tests.support.fake_github import FakeGitHubServer, iso_utc
 from tests.support.fake_http import ManualClock
 from tests.support.fake_stripe import FakeStripeServer

@@ -27,8 +27,8 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 
 from openonce_core import OpenOnce, OutcomeUnknownError
-from openonce_core.probe import ProbeResult
-from openonce_core.records import Effect
+from openonce_core._probe import ProbeResult
+from openonce_core._records import Effect
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import time
 
-from openonce_core.probe import ProbeOutcome, ProbeResult
-from openonce_core.records import Effect
+from openonce_core._probe import ProbeOutcome, ProbeResult
+from openonce_core._records import Effect
 
 
 class ArgsProber:

@@ -12,9 +12,9 @@ import os
 import signal
 from typing import Any
 
-from openonce_core.probe import ProbeResult
+from openonce_core._probe import ProbeResult
+from openonce_core._records import Effect
 from openonce_core.probers import StripeProber
-from openonce_core.records import Effect
 from tests.support.probers import ArgsProber
 
 

@@ -26,7 +26,7 @@ from openonce_core import (
     UnknownOutcomeError,
     require_approval_for,
 )
-from openonce_core.retention import RetentionPolicy, RetentionReport, run_retention
+from openonce_core._retention import RetentionPolicy, RetentionReport, run_retention
 from openonce_core.testing import FakeClock
 
 DAY = 86400.0

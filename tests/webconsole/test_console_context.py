@@ -16,7 +16,7 @@ from test_console_views import UNKNOWN, Agent, client_for, decide, fresh_ledger,
 
 from console import context, search
 from console.templatetags.console_tags import args_summary, pretty_json, secret, visible
-from openonce_core.providers import BUILTIN_CAPABILITIES
+from openonce_core._providers import BUILTIN_CAPABILITIES
 
 HIDDEN = ["\u202e", "\u202a", "\u2066", "\u2069", "\u200b", "\u200f", "\ufeff", "\x07", "\x85"]
 
@@ -118,7 +118,7 @@ def test_the_probe_verdict_is_said_in_words() -> None:
 
 
 def test_every_state_says_what_it_means_and_what_happens_next() -> None:
-    from openonce_core.states import EffectState
+    from openonce_core._states import EffectState
 
     for state in EffectState:
         meaning, next_step = context.STATE_MEANINGS[state]

@@ -34,8 +34,8 @@ from test_console_views import (
     post,
 )
 
+from openonce_core._probe import ProbeOutcome, ProbeResult
 from openonce_core.errors import ProbeCredentialError, ProbeTransientError
-from openonce_core.probe import ProbeOutcome, ProbeResult
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,7 +16,7 @@ from openonce_core import (
     OpenOnce,
     require_approval_for,
 )
-from openonce_core.schema import SCHEMA_VERSION
+from openonce_core._schema import SCHEMA_VERSION
 
 from .helpers import (
     refund_tool,

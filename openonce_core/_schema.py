@@ -189,7 +189,7 @@ _V4_JOURNAL_KEY_PG = [
 ]
 
 # Version 5: loops that run all day cost what is pending, not what is history; and the
-# retention (openonce_core/retention.py) may archive old effects.
+# retention (openonce_core/_retention.py) may archive old effects.
 _V5 = [
     # When an UNKNOWN effect may next be probed, written by the reconciler when it asks
     # again later (a probe that failed, a miss too young to trust): its last change plus

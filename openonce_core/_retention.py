@@ -66,12 +66,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from . import schema
-from .canonical import dumps
-from .clock import Clock, SystemClock
+from . import _schema as schema
+from ._canonical import dumps
+from ._clock import Clock, SystemClock
+from ._records import Effect
+from ._states import TERMINAL, EffectState
 from .errors import OpenOnceError
-from .records import Effect
-from .states import TERMINAL, EffectState
 from .stores.base import Store
 from .stores.sql import (
     APPROVAL_COLUMNS,

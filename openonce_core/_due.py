@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .clock import Clock
-from .leases import HOST, dead_owner, lease_lapsed, wait_over
-from .providers import CapabilityMatrix
-from .records import Effect
-from .states import EffectState
+from ._clock import Clock
+from ._leases import HOST, dead_owner, lease_lapsed, wait_over
+from ._providers import CapabilityMatrix
+from ._records import Effect
+from ._states import EffectState
 from .stores.base import Store
 from .stores.sql import Cutoff
 

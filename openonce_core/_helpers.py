@@ -15,13 +15,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .canonical import canonical, check_json
-from .classify import Classifier, FailureClass
+from ._canonical import canonical, check_json
+from ._classify import Classifier, FailureClass
+from ._keys import Spec, check_text, prepare
+from ._providers import Capability, CapabilityMatrix, capability_from_json
+from ._reconcile import _guidance
+from ._scan import scan_tree
 from .errors import CapabilityError, InvalidArgumentsError
-from .keys import Spec, check_text, prepare
-from .providers import Capability, CapabilityMatrix, capability_from_json
-from .reconcile import _guidance
-from .scan import scan_tree
 
 __all__ = [
     "ScannedEffectTool",

@@ -42,20 +42,20 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .canonical import check_json
-from .classify import provider_had_it
-from .clock import Clock, ClockLike, as_clock
-from .due import Grace, overdue_unknown, probe_pause, started_due, stopped_calls, unknown_due
+from ._canonical import check_json
+from ._classify import provider_had_it
+from ._clock import Clock, ClockLike, as_clock
+from ._due import Grace, overdue_unknown, probe_pause, started_due, stopped_calls, unknown_due
+from ._failures import message_text, safe_text
+from ._leases import dead_owner, lease_lapsed, stopped_for, wait_over
+from ._ledger import Then
+from ._probe import ProbeOutcome, Prober, ProbeResult, attempt_ended_at
+from ._providers import Capability, CapabilityMatrix, check_receipt
+from ._records import Effect
+from ._redact import redact_text
+from ._runtime import OpenOnce
+from ._states import EffectState
 from .errors import InvalidArgumentsError, ProbeCredentialError, ProbeError, ProbeTransientError
-from .failures import message_text, safe_text
-from .leases import dead_owner, lease_lapsed, stopped_for, wait_over
-from .ledger import Then
-from .probe import ProbeOutcome, Prober, ProbeResult, attempt_ended_at
-from .providers import Capability, CapabilityMatrix, check_receipt
-from .records import Effect
-from .redact import redact_text
-from .runtime import OpenOnce
-from .states import EffectState
 from .stores.base import Store
 
 S = EffectState
@@ -239,7 +239,7 @@ class Reconciler:
     # -- sweeping -------------------------------------------------------------------------
 
     def due(self, limit: int = 500, at: float | None = None) -> list[Effect]:
-        """Effects a sweep would act on now (``openonce_core.due`` says when one is due):
+        """Effects a sweep would act on now (``openonce_core._due`` says when one is due):
         expired leases and owners gone from this host, then UNKNOWN effects whose next
         probe time has come, except those another reconciler is probing. (A lease whose
         end passed is expired only once this process has seen it un-renewed long enough:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .canonical import canonical, check_json, secret_digest
+from ._canonical import canonical, check_json, secret_digest
 from .errors import InvalidArgumentsError, ScopeRequiredError
 
 

@@ -22,10 +22,32 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from .bridge import HandlerNotStarted
-from .canonical import dumps
-from .classify import Classifier, FailureClass
-from .clock import Clock, monotonic_of
+from ._bridge import HandlerNotStarted
+from ._canonical import dumps
+from ._classify import Classifier, FailureClass
+from ._clock import Clock, monotonic_of
+from ._context import EffectContext
+from ._failures import (
+    contains_secret,
+    describe,
+    exception_text,
+    last_error,
+    message_text,
+    rebuild,
+    safe_text,
+    scrub,
+    storable,
+    type_name,
+    undescribed,
+)
+from ._keys import Call, provider_key
+from ._leases import LeaseKeeper, dead_owner, lease_lapsed
+from ._ledger import Ledger, Then
+from ._observe import EffectEvent, Observer, begin, notify
+from ._policy import Policy
+from ._records import Effect, new_effect_id
+from ._retention import drop_released_tombstone, find_tombstone
+from ._states import EffectState
 from .errors import (
     ApprovalDenied,
     ApprovalExpired,
@@ -44,32 +66,8 @@ from .errors import (
     ReceiptContractError,
     ResultUnavailableError,
 )
-from .failures import (
-    contains_secret,
-    describe,
-    exception_text,
-    last_error,
-    message_text,
-    rebuild,
-    safe_text,
-    scrub,
-    storable,
-    type_name,
-    undescribed,
-)
-from .keys import Call, provider_key
-from .leases import LeaseKeeper, dead_owner, lease_lapsed
-from .ledger import Ledger, Then
-from .observe import EffectEvent, Observer, begin, notify
-from .policy import Policy
-from .records import Effect, new_effect_id
-from .retention import drop_released_tombstone, find_tombstone
-from .states import EffectState
 from .stores.base import Store
 from .stores.sql import ReplayRow
-
-if TYPE_CHECKING:
-    from .runtime import EffectContext
 
 S = EffectState
 _REPLAY = object()

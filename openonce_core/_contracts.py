@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ._keys import Spec
+from ._providers import Capability, CapabilityMatrix, check_call_contract, check_receipt
 from .errors import ProviderContractError
-from .keys import Spec
-from .providers import Capability, CapabilityMatrix, check_call_contract, check_receipt
 
 
 class Contracts:

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .providers import Capability
+from ._providers import Capability
 
 _ADAPTER_DECORATORS = frozenset({"effect_tool", "effect_function_tool"})
 _SKIP_DIRS = frozenset({"__pycache__", "node_modules", "venv", "site-packages"})

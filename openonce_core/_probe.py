@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from .records import Effect
+from ._records import Effect
 
 # A young miss is asked again this long after the provider's lag has passed: the request
 # may have reached the provider after the attempt ended, and a prober's clock not bound to

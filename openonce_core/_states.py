@@ -1,6 +1,6 @@
 """The effect state machine: the one table of states and of the moves between them.
 
-Every write of ledger state goes through :class:`openonce_core.ledger.Ledger`, which checks
+Every write of ledger state goes through :class:`openonce_core._ledger.Ledger`, which checks
 each move against :data:`MOVES` before it touches the store; the console offers a person
 exactly :func:`decisions_allowed` for the state on screen; the tests replay journals through
 :func:`check_move`. Change what is legal here and nowhere else (ARCHITECTURE.md, "the state

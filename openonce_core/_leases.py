@@ -33,10 +33,10 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from . import forksafe
-from .clock import Clock, FakeClock, monotonic_of
-from .ledger import Ledger
-from .records import Effect
+from . import _forksafe as forksafe
+from ._clock import Clock, FakeClock, monotonic_of
+from ._ledger import Ledger
+from ._records import Effect
 
 HOST = socket.gethostname()
 

@@ -15,8 +15,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .canonical import check_json, secret_digest
-from .clock import Clock
+from ._canonical import check_json, secret_digest
+from ._clock import Clock
+from ._leases import HOST, dead_owner, lease_lapsed, note_stopped
+from ._ledger import Ledger, Then
+from ._providers import (
+    Capability,
+    CapabilityMatrix,
+    receipt_identities,
+    receipt_identity_problems,
+    receipt_object_problems,
+    tool_prefix,
+)
+from ._records import Approval, Effect, JournalEntry
+from ._states import NEEDS_HUMAN, EffectState, move_for
 from .errors import (
     ApproverAlreadyCounted,
     EffectChangedError,
@@ -27,18 +39,6 @@ from .errors import (
     ProviderContractError,
     ReceiptIdentityError,
 )
-from .leases import HOST, dead_owner, lease_lapsed, note_stopped
-from .ledger import Ledger, Then
-from .providers import (
-    Capability,
-    CapabilityMatrix,
-    receipt_identities,
-    receipt_identity_problems,
-    receipt_object_problems,
-    tool_prefix,
-)
-from .records import Approval, Effect, JournalEntry
-from .states import NEEDS_HUMAN, EffectState, move_for
 from .stores.base import Store
 
 S = EffectState

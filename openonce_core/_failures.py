@@ -14,9 +14,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .canonical import MAX_DEPTH, check_json
+from ._canonical import MAX_DEPTH, check_json
+from ._records import Effect
 from .errors import EffectFailed, InvalidArgumentsError
-from .records import Effect
 
 MAX_MESSAGE = 2000
 SECRET = "[secret]"

@@ -2,7 +2,7 @@
 
 Everything that changes an effect — the agent's call path, a person's decision, the
 reconciler, lease expiry — asks :class:`Ledger` to make a *move* of the state table
-(``openonce_core.states.MOVES``). The Ledger checks the move, builds the journal line(s),
+(``openonce_core._states.MOVES``). The Ledger checks the move, builds the journal line(s),
 and hands the store one conditional write: it applies only if the effect is still in the
 state, and under the fence, the caller read (invariants 1, 2 and 4 of ARCHITECTURE.md).
 Whoever loses a race gets ``False``, re-reads and decides again; nobody overwrites a newer
@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .clock import Clock
+from ._clock import Clock
+from ._records import Approval, Effect, JournalEntry
+from ._states import EffectState, check_move, move_for
 from .errors import IllegalTransitionError
-from .records import Approval, Effect, JournalEntry
-from .states import EffectState, check_move, move_for
 from .stores.base import Store
 from .stores.sql import ReplayRow
 

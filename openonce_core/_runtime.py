@@ -2,12 +2,13 @@
 
 The client is assembled from parts that each do one job:
 
-* ``keys.py`` turns a call into an effect's identity (key, fingerprint, provider key);
-* ``calls.py`` is the call path (claim, run, finish, replay, wait, late results);
-* ``decisions.py`` holds the decisions people make, and lease expiry;
-* ``contracts.py`` checks calls and receipts against provider knowledge;
-* ``ledger.py`` is the only writer of ledger state; ``leases.py`` keeps leases alive;
-* ``bridge.py`` runs async handlers on their event loop with ledger I/O on a thread.
+* ``_context.py`` is what a running handler knows (``current_effect()``);
+* ``_keys.py`` turns a call into an effect's identity (key, fingerprint, provider key);
+* ``_calls.py`` is the call path (claim, run, finish, replay, wait, late results);
+* ``_decisions.py`` holds the decisions people make, and lease expiry;
+* ``_contracts.py`` checks calls and receipts against provider knowledge;
+* ``_ledger.py`` is the only writer of ledger state; ``_leases.py`` keeps leases alive;
+* ``_bridge.py`` runs async handlers on their event loop with ledger I/O on a thread.
 """
 
 from __future__ import annotations
@@ -22,93 +23,32 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
-from . import forksafe, schema
-from .bridge import run_on_loop
-from .calls import CallPath
-from .classify import Classifier
-from .clock import Clock, ClockLike, as_clock
-from .contracts import Contracts
-from .decisions import Decisions
+from . import _forksafe as forksafe
+from . import _schema as schema
+from ._bridge import run_on_loop
+from ._calls import CallPath
+from ._classify import Classifier
+from ._clock import Clock, ClockLike, as_clock
+from ._context import EffectContext, _current, _scope
+from ._contracts import Contracts
+from ._decisions import Decisions
+from ._keys import Call, Spec, check_text, make_spec, prepare
+from ._leases import LeaseKeeper, process_owner
+from ._ledger import Ledger
+from ._observe import Observer
+from ._policy import ALLOW, Policy
+from ._providers import Capability, CapabilityMatrix
+from ._records import Effect
+from ._states import EffectState
 from .errors import ConfigurationError, OpenOnceError
-from .keys import Call, Spec, check_text, make_spec, prepare
-from .leases import LeaseKeeper, process_owner
-from .ledger import Ledger
-from .observe import Observer
-from .policy import ALLOW, Policy
-from .providers import Capability, CapabilityMatrix
-from .records import Effect
-from .states import EffectState
 from .stores import open_store
 from .stores.base import Store
 
 S = EffectState
 
-_scope: contextvars.ContextVar[str | None] = contextvars.ContextVar("openonce_scope", default=None)
-_current: contextvars.ContextVar[EffectContext | None] = contextvars.ContextVar(
-    "openonce_effect", default=None
-)
-
 MIN_PEPPER_BYTES = 16
-
-
-@dataclass(frozen=True, slots=True)
-class EffectContext:
-    """What a running handler knows about its effect (``openonce_core.current_effect()``)."""
-
-    effect_id: str
-    tool: str
-    attempt: int
-    idempotency_key: str
-    scope: str | None
-    # Stable for the effect's whole life, across attempts and processes: pass it as the
-    # provider's idempotency key (Stripe's Idempotency-Key header, an email's Message-ID).
-    provider_key: str
-    fence: int = 0
-    _oo: Any = field(default=None, repr=False, compare=False)
-    _sent: bool = field(default=False, repr=False, compare=False)
-
-    def owns(self) -> bool:
-        """Whether this attempt still holds the effect (reads the ledger). A handler about
-        to do something irreversible after a long pause can ask first."""
-        if self._oo is None:
-            return False
-        current = self._oo.store.get(self.effect_id)
-        return (
-            current is not None
-            and current.state == S.STARTED
-            and current.fence == self.fence
-            and current.lease_owner == self._oo.owner
-        )
-
-    def renew(self) -> bool:
-        """Renew the lease now (the heartbeat does it on its own); False if it was lost."""
-        return bool(self._oo is not None and self._oo.keeper.renew_now(self.effect_id))
-
-    def mark_sent(self) -> None:
-        """Say that this attempt has sent a request that may have taken effect. A handler
-        making more than one external call marks it after the first: from then on an
-        error that means "nothing was sent" (a refused connection on the second call) is
-        UNKNOWN, not a retry that would send the first call again."""
-        object.__setattr__(self, "_sent", True)  # the context is frozen but for this flag
-
-    @property
-    def sent(self) -> bool:
-        """Whether :meth:`mark_sent` was called in this attempt."""
-        return self._sent
-
-
-def current_effect() -> EffectContext:
-    ctx = _current.get()
-    if ctx is None:
-        raise OpenOnceError("current_effect() is only available inside an @oo.effect handler")
-    return ctx
-
-
-def current_scope() -> str | None:
-    return _scope.get()
 
 
 class OpenOnce(Contracts, CallPath, Decisions):

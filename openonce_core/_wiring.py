@@ -10,11 +10,11 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ._providers import Capability, check_conformance_evidence, load_capabilities_file
+from ._providers import load_conformance_file as _load_conformance
+from ._reconcile import Reconciler
+from ._runtime import OpenOnce
 from .errors import WiringError
-from .providers import Capability, check_conformance_evidence, load_capabilities_file
-from .providers import load_conformance_file as _load_conformance
-from .reconcile import Reconciler
-from .runtime import OpenOnce
 
 
 def load_object(ref: str) -> Any:

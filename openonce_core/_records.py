@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .states import EffectState
+from ._states import EffectState
 
 
 def now() -> float:
@@ -50,7 +50,7 @@ class Effect:
     updated_at: float = field(default_factory=now)
     # When an UNKNOWN effect may next be probed, once the reconciler asked again later (a
     # failed probe's backoff, a young miss); None: at its last change plus its tool's grace
-    # (openonce_core/due.py). Every move clears it unless the move sets a new one.
+    # (openonce_core/_due.py). Every move clears it unless the move sets a new one.
     next_probe_at: float | None = None
 
 
@@ -64,7 +64,7 @@ class JournalEntry:
     evidence: dict[str, Any] | None = None
     at: float = field(default_factory=now)
     seq: int | None = None  # assigned by the store, orders the journal
-    action: str = ""  # the move of openonce_core.states.MOVES that wrote this line
+    action: str = ""  # the move of openonce_core._states.MOVES that wrote this line
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,9 +36,9 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-from .canonical import fingerprint as _fingerprint
+from ._canonical import fingerprint as _fingerprint
+from ._probe import ProbeOutcome, ProbeResult
 from .errors import CapabilityError, ConformanceError
-from .probe import ProbeOutcome, ProbeResult
 
 SCHEMA_VERSION = 1
 
