@@ -36,7 +36,7 @@ def upgrade_ledger(using: str = "default", **_: Any) -> None:
     core version needs no Django migration of its own. Applying it is idempotent."""
     from django.db import connections, transaction
 
-    from openonce_core import schema
+    from openonce_core import _schema as schema
 
     connection = connections[using]
     dialect = {"postgresql": "postgres", "sqlite": "sqlite"}[connection.vendor]

@@ -3,7 +3,7 @@
 
 from django.db import migrations, models
 
-from openonce_core import schema
+from openonce_core import _schema as schema
 
 
 def install_ledger(apps, schema_editor):

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from openonce_core import OpenOnce, Store, leases
+from openonce_core import OpenOnce, Store
+from openonce_core import _leases as leases
 from openonce_core._clock import ClockUnavailableError, DatabaseClock
 from openonce_core._leases import HOST, LeaseKeeper, dead_owner, process_owner
 from openonce_core._probe import ProbeOutcome, ProbeResult

@@ -107,7 +107,7 @@ def test_creating_an_effect_is_checked_too(store):
 
 
 # The core's writer and its stores, by path: the only modules that may call those methods.
-WRITER = (ROOT / "openonce_core" / "ledger.py", ROOT / "openonce_core" / "stores")
+WRITER = (ROOT / "openonce_core" / "_ledger.py", ROOT / "openonce_core" / "stores")
 # The Django apps, and the one they all share (the ledger's read models and clients).
 APPS = ("console", "reconciler", "notifications", "ledger")
 SHARED_APP = "ledger"
