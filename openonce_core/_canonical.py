@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .errors import FloatInKeyMaterialError, InvalidArgumentsError
@@ -92,9 +93,49 @@ def canonical(value: Any, *, plain: bool = False) -> str:
     return "".join(parts)
 
 
-_plain_dumps = json.JSONEncoder(
-    ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
-).encode
+def _one_shot(encoder: json.JSONEncoder, *, checked: bool = False) -> Callable[[Any], str]:
+    """``encoder.encode``, without the Python layers it adds on every call.
+
+    ``JSONEncoder.encode`` goes through ``iterencode``, which sets up the C encoder anew on
+    every call; this calls the C encoder with the encoder's own options directly: set up
+    per call with a fresh ``markers`` dict (circular structures are refused alike), or,
+    for values :func:`check_json` has ``checked`` (no cycle gets past its depth limit),
+    set up once without one. The text is the same (checked on import; without the C
+    accelerator, ``encoder.encode`` itself)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython always has the accelerator
+        return encoder.encode
+    string = (
+        json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+        if encoder.ensure_ascii
+        else json.encoder.encode_basestring  # type: ignore[attr-defined]
+    )
+    options = (
+        encoder.default, string, None, encoder.key_separator, encoder.item_separator,
+        encoder.sort_keys, encoder.skipkeys, encoder.allow_nan,
+    )  # fmt: skip
+    once = make(None, *options)
+
+    def encode(value: Any) -> str:
+        return "".join(make({}, *options)(value, 0))
+
+    def encode_checked(value: Any) -> str:
+        return "".join(once(value, 0))
+
+    chosen = encode_checked if checked else encode
+    sample = {"b": [1, "\u00e9\n", None, True, 2.5], "a": {"\U0001f600": -3}}
+    try:
+        same = chosen(sample) == encoder.encode(sample)
+    except Exception:  # pragma: no cover - another interpreter's accelerator
+        same = False
+    return chosen if same else encoder.encode
+
+
+# Only for values check_json passed as plain (canonical's contract): no cycle, no float.
+_plain_dumps = _one_shot(
+    json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False),
+    checked=True,
+)
 
 
 def _write(value: Any, out: list[str]) -> None:
@@ -147,9 +188,25 @@ def secret_digest(value: Any, pepper: bytes | None) -> str:
 
 
 # One encoder for every write: json.dumps with options builds a new one per call.
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_dumps = _one_shot(json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False))
 
 
 def dumps(value: Any) -> str:
     """Compact JSON for storage (not canonical; floats allowed)."""
     return _dumps(value)
+
+
+_scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[attr-defined]
+
+
+def loads(text: str) -> Any:
+    """``json.loads`` of stored JSON, through the decoder's scanner directly: the stored
+    text is what :func:`dumps` wrote (no surrounding whitespace), and anything else, valid or
+    not, goes to ``json.loads`` itself, which decides and words the error."""
+    try:
+        value, end = _scan(text, 0)
+    except (StopIteration, ValueError, TypeError):
+        return json.loads(text)
+    if end != len(text):
+        return json.loads(text)
+    return value

@@ -160,8 +160,7 @@ def prepare(
         if type(key) is not str or not key:
             raise InvalidArgumentsError("idempotency_key", "must return a non-empty string")
         check_text(key, "idempotency_key")
-        leaked = [s for s in secrets if s in key]
-        if leaked:
+        if secrets and any(s in key for s in secrets):
             # The key is stored (and shown) in clear: it must not carry a secret field.
             raise InvalidArgumentsError(
                 "idempotency_key",
@@ -267,6 +266,8 @@ def _plain_names(signature: inspect.Signature) -> tuple[str, ...] | None:
 def bind(spec: Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's arguments by name, defaults applied; ``*args`` become a list."""
     names = spec.plain_names
+    if names is not None and not kwargs and len(args) == len(names):
+        return dict(zip(names, args, strict=True))  # the common call: every argument by place
     if names is not None and len(args) + len(kwargs) == len(names) and len(args) <= len(names):
         arguments = dict(zip(names, args, strict=False))
         if all(k in names and k not in arguments for k in kwargs):

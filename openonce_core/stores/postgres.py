@@ -523,7 +523,7 @@ class PostgresStore(sql.SQLStore):
             stmt = self._update_sql[key] = _update_statement(
                 fields, len(expect_states), len(entries), approval is not None
             )
-        params: list[Any] = [sql.to_db(f, v) for f, v in changes.items()]
+        params: list[Any] = sql.change_params(changes)
         params += [effect_id, *map(str, expect_states), expect_fence]
         for entry in entries:
             params += sql.journal_row(entry)[1:]

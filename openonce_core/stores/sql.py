@@ -65,12 +65,29 @@ class ReplayRow(NamedTuple):
     execution_evidence_json: str | None
 
 
+# Every replay's read (a constant: built once, and its text hashed once).
+FIND_REPLAY = (
+    f"SELECT {REPLAY_COLUMNS} FROM openonce_effects"
+    " WHERE idempotency_key = ? AND tool = ? AND state <> 'released'"
+)
+_replay_row = ReplayRow._make
+
+
 def to_db(field: str, value: Any) -> Any:
     if field in JSON_FIELDS:
         return None if value is None else dumps(value)
     if field == "state":
         return str(value)
     return value
+
+
+def change_params(changes: dict[str, Any]) -> list[Any]:
+    """``to_db`` of every change, in order: a move's SET values (one comprehension, not a
+    call per field, on every finish)."""
+    return [
+        (None if v is None else dumps(v)) if f in JSON_FIELDS else str(v) if f == "state" else v
+        for f, v in changes.items()
+    ]
 
 
 _NEW_JSON = [f in JSON_FIELDS for f in NEW_FIELDS]
@@ -281,12 +298,8 @@ class SQLStore:
         return effect_from_row(row) if row else None
 
     def find_replay(self, tool: str, idempotency_key: str) -> ReplayRow | None:
-        row = self._one(
-            f"SELECT {REPLAY_COLUMNS} FROM openonce_effects"
-            " WHERE idempotency_key = ? AND tool = ? AND state <> 'released'",
-            (idempotency_key, tool),
-        )
-        return ReplayRow(*row) if row else None
+        row = self._one(FIND_REPLAY, (idempotency_key, tool))
+        return _replay_row(row) if row else None
 
     def get_many(self, effect_ids: Sequence[str]) -> list[Effect]:
         if not effect_ids:
