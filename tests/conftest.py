@@ -20,7 +20,8 @@ Markers, put on each test here by what it uses (no test file has to say it):
 * ``slow`` (pyproject.toml): multi-process and kill -9 tests, marked in their files.
 
 ``make test`` runs them all (nothing is skipped for a missing server: it fails).
-``make check`` deselects the five with ``-m`` and says how many it left out.
+``make check`` deselects the five with ``-m`` and says how many it left out, also when
+its tests run in pytest-xdist workers (``-n``).
 """
 
 from __future__ import annotations
@@ -128,17 +129,32 @@ def _param_values(item: pytest.Item) -> list[object]:
 
 
 _left_out: list[int] = []
+# Under pytest-xdist (make check's -n) the workers collect and deselect, each the same
+# tests; each hands its count back to the process that prints the summary.
+_left_out_by_workers: list[int] = []
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
     _left_out.append(len(items))
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # this process is an xdist worker
+        workeroutput["left_out"] = sum(_left_out)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    _left_out_by_workers.append(getattr(node, "workeroutput", {}).get("left_out", 0))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     expression = terminalreporter.config.getoption("markexpr")
-    if expression and sum(_left_out):
+    left_out = sum(_left_out) or max(_left_out_by_workers, default=0)
+    if expression and left_out:
         terminalreporter.write_line(
-            f"left out {sum(_left_out)} tests by -m '{expression}' (make test runs them)"
+            f"left out {left_out} tests by -m '{expression}' (make test runs them)"
         )
 
 

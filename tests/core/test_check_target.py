@@ -57,6 +57,20 @@ def test_the_sqlite_tests_run_where_psycopg_cannot_be_imported(tmp_path):
     assert f"left out 6 tests by -m '{CHECK_MARKERS}' (make test runs them)" in result.stdout
 
 
+def test_in_worker_processes_it_still_says_what_it_left_out(tmp_path):
+    # make check runs pytest-xdist workers (-n): they collect and deselect, not the
+    # process that prints the summary.
+    assert '-n $(CHECK_WORKERS) -m "$(CHECK_MARKERS)"' in MAKEFILE
+    django_db = str(tmp_path / "django.db")
+    replay = "tests/core/behaviour/test_replay.py"
+    result = pytest_run(
+        tmp_path, "", "-q", "-n", "2", "-m", CHECK_MARKERS, replay, OPENONCE_DATABASE=django_db
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "12 passed" in result.stdout
+    assert f"left out 6 tests by -m '{CHECK_MARKERS}' (make test runs them)" in result.stdout
+
+
 def test_tests_are_marked_by_the_store_fixtures_and_services_they_use(tmp_path):
     files = {
         "tests/core/behaviour/test_replay.py": "store: memory, sqlite, postgres",

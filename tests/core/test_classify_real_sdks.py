@@ -50,7 +50,7 @@ FAILED = FailureClass.FAILED
 RETRYABLE = FailureClass.RETRYABLE
 UNKNOWN = FailureClass.UNKNOWN
 
-HANG_TIMEOUT = 0.4  # the client's read timeout against a provider that never answers
+HANG_TIMEOUT = 0.15  # the client's read timeout against a provider that never answers
 ANSWERED = 10.0  # the client's timeout where the provider answers
 READ_PHASE = "read timeout or lost reply, the request may have been processed"
 CONNECT_PHASE = "connect-phase error, nothing reached the provider"
@@ -88,7 +88,6 @@ class FakeProvider:
         self._threads: list[threading.Thread] = []
         self._conns: list[socket.socket] = []
         self._sock = socket.create_server(("127.0.0.1", 0))
-        self._sock.settimeout(0.05)  # so the accept loop notices close()
         self.port = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._spawn(self._accept)
@@ -99,14 +98,11 @@ class FakeProvider:
         thread.start()
 
     def _accept(self) -> None:
-        while not self._closing.is_set():
+        while True:
             try:
                 conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
+            except OSError:  # close() shut the listening socket down
                 return
-            conn.settimeout(None)
             self._conns.append(conn)
             self._spawn(self._serve, conn)
 
@@ -135,7 +131,10 @@ class FakeProvider:
             return list(self.received)
 
     def close(self) -> None:
+        if self._closing.is_set():  # a test may close it before the fixture does
+            return
         self._closing.set()
+        self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept loop at once
         self._sock.close()
         for conn in self._conns:
             with contextlib.suppress(OSError):  # the client may have closed it already

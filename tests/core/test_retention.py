@@ -289,6 +289,7 @@ def test_an_import_that_would_shadow_the_ledger_is_refused_and_changes_nothing(
         (gzip.compress(b"{not json\n"), "line 1 is not JSON"),
         (gzip.compress(b'{"archive_format": 2}\n'), "not an OpenOnce archive line"),
     ],
+    ids=["not-gzip", "not-json", "not-an-archive-line"],  # gzip's header holds the time
 )
 def test_a_bad_archive_is_refused_and_changes_nothing(store, tmp_path, content, says) -> None:
     bad = tmp_path / "bad.jsonl.gz"

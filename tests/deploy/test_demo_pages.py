@@ -10,6 +10,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,32 +34,36 @@ def _get(url: str) -> tuple[int, dict[str, str], str]:
         return err.code, dict(err.headers), err.read().decode()
 
 
-@pytest.fixture
-def demo_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(demo, "LEDGER", tmp_path / "demo.db")
-    monkeypatch.setattr(demo, "WORLD", tmp_path / "demo-world.json")
-    port = _free_port()
-    log = tmp_path / "runserver.log"
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            demo.server_argv(port), cwd=ROOT, env=demo.demo_env(), stdout=out,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, log.read_text()
-            try:
-                _get(f"{base}/login/")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.2)
-        yield base
-    finally:
-        server.terminate()
-        server.wait(10)
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One server for the module's tests: they only read pages, and starting one takes
+    most of a second."""
+    tmp_path = tmp_path_factory.mktemp("demo")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(demo, "LEDGER", tmp_path / "demo.db")
+        monkeypatch.setattr(demo, "WORLD", tmp_path / "demo-world.json")
+        port = _free_port()
+        log = tmp_path / "runserver.log"
+        with open(log, "wb") as out:
+            server = subprocess.Popen(
+                demo.server_argv(port), cwd=ROOT, env=demo.demo_env(), stdout=out,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                assert server.poll() is None, log.read_text()
+                try:
+                    _get(f"{base}/login/")
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, log.read_text()
+                    time.sleep(0.05)  # the server is starting
+            yield base
+        finally:
+            server.terminate()
+            server.wait(10)
 
 
 def test_the_demo_shows_the_products_own_error_pages(demo_server: str) -> None:

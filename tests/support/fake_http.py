@@ -92,8 +92,9 @@ class FakeHTTPServer:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         server = self._server
+        # stop() waits for the loop's next poll: keep it short, tests stop many servers.
         self._thread = threading.Thread(
-            target=lambda: server.serve_forever(poll_interval=0.05), daemon=True
+            target=lambda: server.serve_forever(poll_interval=0.01), daemon=True
         )
         self._thread.start()
         return self
@@ -252,7 +253,9 @@ class WebhookReceiver:
         port = self.server.server_address[1]
         self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
         self.port = port
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=lambda: self.server.serve_forever(poll_interval=0.01), daemon=True
+        )
         self.thread.start()
 
     def close(self) -> None:

@@ -95,6 +95,10 @@ class FakeImapServer:
         fake = self
 
         class Handler(socketserver.StreamRequestHandler):
+            # An answer is several small writes: without TCP_NODELAY each waits for the
+            # client's delayed ACK (tens of ms), as no real IMAP server makes it wait.
+            disable_nagle_algorithm = True
+
             def setup(self) -> None:
                 try:
                     self.request = context.wrap_socket(self.request, server_side=True)
@@ -122,7 +126,7 @@ class FakeImapServer:
         self._server = Server(("127.0.0.1", 0), Handler)
         server = self._server
         threading.Thread(
-            target=lambda: server.serve_forever(poll_interval=0.05), daemon=True
+            target=lambda: server.serve_forever(poll_interval=0.01), daemon=True
         ).start()
         return self
 
