@@ -748,8 +748,6 @@ class Soak:
     def open_fork_ledger(self, path: str) -> tuple[OpenOnce, Payer, Any]:
         """A fork family's own ledger, for the drain: a client, and the core's Reconciler
         built as ``manage.py reconcile`` builds it (same probers and grace windows)."""
-        import inspect
-
         from openonce_core._wiring import build_reconciler
 
         for key in ("OPENONCE_TEST_STRIPE_URL", "OPENONCE_TEST_STRIPE_KEY",
@@ -761,11 +759,9 @@ class Soak:
             "dead_owner_grace": self.cfg.stale_grace, "probe_timeout": 5.0,
             "probe_retries": 2, "owner": "soak-drain",
         }  # fmt: skip
-        accepted = inspect.signature(build_reconciler).parameters  # older cores lack some
         reconciler = build_reconciler(
-            oo, probers="tests.support.provider_probers:PROBERS",
-            **{k: v for k, v in options.items() if k in accepted},
-        )  # fmt: skip
+            oo, probers="tests.support.provider_probers:PROBERS", **options
+        )
         return oo, Payer(oo, self.provider.url), reconciler
 
     # -- the verdict -------------------------------------------------------------------------

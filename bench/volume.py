@@ -661,17 +661,21 @@ def retention_api() -> tuple[Any, Any] | None:
 
 
 def oldest(dsn: str, count: int) -> float:
-    """The last change of the ``count``-th oldest terminal effect: a policy age that takes
-    about that many (the history's changes are spread evenly over the year)."""
+    """A time between the last change of the ``count``-th oldest terminal effect and the
+    next one's: a cutoff that takes exactly that many (the history's changes are spread
+    evenly over the year, hours apart at the sizes this runs)."""
     import psycopg
 
     with psycopg.connect(dsn) as conn:
-        row = conn.execute(
+        rows = conn.execute(
             "SELECT updated_at FROM openonce_effects WHERE state = ANY(%s)"
-            " ORDER BY updated_at OFFSET %s LIMIT 1",
+            " ORDER BY updated_at OFFSET %s LIMIT 2",
             (list(TERMINAL), max(0, count - 1)),
-        ).fetchone()
-    return float(row[0]) if row else time.time()
+        ).fetchall()
+    if not rows:
+        return time.time()
+    last = float(rows[0][0])
+    return (last + float(rows[1][0])) / 2 if len(rows) > 1 else last + 1e-3
 
 
 def retention_policy() -> Any:
@@ -719,8 +723,10 @@ def run_retention_during(
     if retention_api() is None:
         return Retention()
     now = time.time()
-    # 1 ms past the archive-th oldest change, so that it is taken too
-    older_than = now - oldest(full.dsn, archive) - 1e-3
+    # The retention counts age from the earlier of its clock and the ledger's newest change
+    # (a few ms before ``now`` here): a cutoff midway to the next effect's change takes the
+    # same ``archive`` effects from either (one placed 1 ms past the last sometimes left it).
+    older_than = now - oldest(full.dsn, archive)
     folder = tempfile.mkdtemp(prefix="openonce-volume-archive-")
     out = Retention(available=True)
     context = multiprocessing.get_context("spawn")

@@ -18,10 +18,11 @@ from django.db import connections
 from django.utils.module_loading import import_string
 from psycopg.conninfo import make_conninfo
 
-from openonce_core import OpenOnce, Store, open_store
+from openonce_core import OpenOnce, ReconcilerOptions, Store, open_store
 from openonce_core._due import Grace
 from openonce_core._providers import CapabilityMatrix
 from openonce_core._reconcile import Reconciler
+from openonce_core._reconciler_options import option_fields, setting_name
 from openonce_core._wiring import build_openonce, build_reconciler, load_object
 
 _lock = threading.Lock()
@@ -75,24 +76,19 @@ def get_reconciler() -> Reconciler:
         reconciler = _reconcilers.get(target)
     if reconciler is None:
         reconciler = build_reconciler(
-            get_openonce(),
-            probers=_wrapped_probers(),
-            require_provider_capability=settings.OPENONCE_REQUIRE_PROVIDER_CAPABILITY,
-            conformance_file=settings.OPENONCE_CONFORMANCE_FILE,
-            require_conformance=settings.OPENONCE_REQUIRE_CONFORMANCE,
-            grace_seconds=settings.OPENONCE_GRACE_SECONDS,
-            probe_timeout=settings.OPENONCE_PROBE_TIMEOUT,
-            probe_retries=settings.OPENONCE_PROBE_RETRIES,
-            retry_backoff=settings.OPENONCE_PROBE_RETRY_BACKOFF,
-            transient_retries=settings.OPENONCE_PROBE_TRANSIENT_RETRIES,
-            transient_window=settings.OPENONCE_PROBE_TRANSIENT_WINDOW,
-            stale_call_grace=settings.OPENONCE_STALE_CALL_GRACE,
-            dead_owner_grace=settings.OPENONCE_DEAD_OWNER_GRACE,
-            owner="daemon",
+            get_openonce(), options=reconciler_options(), probers=_wrapped_probers()
         )
         with _lock:
             reconciler = _reconcilers.setdefault(target, reconciler)
     return reconciler
+
+
+def reconciler_options() -> ReconcilerOptions:
+    """The Reconciler's options from the settings: one setting per field, as the core
+    names it (``OPENONCE_PROBE_TIMEOUT``; openonce_site/settings/base.py reads them)."""
+    return ReconcilerOptions(
+        **{f.name: getattr(settings, setting_name(f)) for f in option_fields()}
+    )
 
 
 def _wrapped_probers() -> str | Mapping[str, Any] | None:

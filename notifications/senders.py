@@ -30,7 +30,6 @@ import json
 import socket
 import ssl
 import threading
-import unicodedata
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -40,6 +39,7 @@ from django.conf import settings
 from django.core.mail import send_mail
 
 from openonce_core._redact import redact_text
+from openonce_core._textsafe import has_hidden, is_hidden
 
 from . import destinations
 from .config import Channel
@@ -93,23 +93,12 @@ class Message:
         )
 
 
-# Kept as they are: layout whitespace a reason may use.
-_LAYOUT = {"\n", "\t"}
-# Control, format (bidi U+202A-202E and U+2066-2069, zero-width U+200B-200F, U+FEFF...),
-# line and paragraph separator, surrogate, private-use and unassigned characters: they
-# render as nothing or reorder what follows, so a reader could see another text.
-_HIDDEN = {"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"}
-
-
 def shown(text: str) -> str:
-    """``text`` with every hidden character written as its escape (``\\u202e``)."""
-    if text.isascii() and text.isprintable():
+    """``text`` with every hidden character (``openonce_core._textsafe``, the console's and
+    the CLI's definition) written as its escape (``\\u202e``)."""
+    if not has_hidden(text):
         return text
-    return "".join(_escaped(c) if _hidden(c) else c for c in text)
-
-
-def _hidden(char: str) -> bool:
-    return char not in _LAYOUT and unicodedata.category(char) in _HIDDEN
+    return "".join(_escaped(c) if is_hidden(c) else c for c in text)
 
 
 def _escaped(char: str) -> str:

@@ -35,6 +35,7 @@ from ._helpers import (
 )
 from ._ledger import Ledger
 from ._observe import EffectEvent
+from ._options import EffectFunction, EffectOptions
 from ._policy import PolicyDecision, all_of, require_approval_for
 from ._probe import ProbeOutcome, Prober, ProbeResult
 from ._providers import (
@@ -45,8 +46,15 @@ from ._providers import (
     load_capabilities_file,
 )
 from ._reconcile import Reconciler, ReconcileReport
+from ._reconciler_options import ReconcilerOptions
 from ._records import Approval, Effect, JournalEntry
-from ._retention import RetentionPolicy, RetentionReport, import_archive, run_retention
+from ._retention import (
+    ArchiveError,
+    RetentionPolicy,
+    RetentionReport,
+    import_archive,
+    run_retention,
+)
 from ._runtime import OpenOnce, load_pepper
 from ._states import DECISIONS, MOVES, EffectState, decisions_allowed
 from .errors import (
@@ -110,6 +118,7 @@ __all__ = [
     "ApprovalExpired",
     "ApprovalPending",
     "ApproverAlreadyCounted",
+    "ArchiveError",
     "BusinessError",
     "Capability",
     "CapabilityError",
@@ -127,8 +136,10 @@ __all__ = [
     "EffectContext",
     "EffectEvent",
     "EffectFailed",
+    "EffectFunction",
     "EffectInFlightError",
     "EffectNotFoundError",
+    "EffectOptions",
     "EffectState",
     "EmailMessageIdProber",
     "FailureClass",
@@ -161,6 +172,7 @@ __all__ = [
     "ReceiptIdentityError",
     "ReconcileReport",
     "Reconciler",
+    "ReconcilerOptions",
     "ResultUnavailableError",
     "RetentionPolicy",
     "RetentionReport",

@@ -80,22 +80,34 @@ MOVED = frozenset(
     }
 )
 
+# Old names whose module moved somewhere else than ``_<name>``: old -> new, both under
+# ``openonce_core``.
+RENAMED = {"cli_providers": "cli._providers", "cli_test": "cli._test"}
+
 
 def moved_real_name(fullname: str) -> str | None:
     package, _, rest = fullname.partition(".")
     if package != "openonce_core" or not rest:
         return None
     first, dot, tail = rest.partition(".")
+    if first in RENAMED:
+        return f"openonce_core.{RENAMED[first]}{dot}{tail}"
     return f"openonce_core._{first}{dot}{tail}" if first in MOVED else None
 
 
 def warn_moved(alias: str, real: str) -> None:
     frame = _importing_frame()
-    message = (
-        f"{alias} is an implementation module and will be removed in the next release:"
-        " import its public names from openonce_core (e.g. `from openonce_core import"
-        " Reconciler, Prober`)"
-    )
+    if alias.partition(".")[2].partition(".")[0] in RENAMED:
+        message = (
+            f"{alias} moved to {real} and will be removed in the next release: run the"
+            " `openonce` command, or call openonce_core.cli.main(argv)"
+        )
+    else:
+        message = (
+            f"{alias} is an implementation module and will be removed in the next release:"
+            " import its public names from openonce_core (e.g. `from openonce_core import"
+            " Reconciler, Prober`)"
+        )
     if frame is None:
         warnings.warn(message, DeprecationWarning, stacklevel=2)
         return
@@ -124,6 +136,6 @@ def _importing_frame() -> FrameType | None:
 
 def moved_attribute(name: str) -> ModuleType | None:
     """``openonce_core.<old name>`` read as an attribute, without importing it first."""
-    if name not in MOVED:
+    if name not in MOVED and name not in RENAMED:
         return None
     return importlib.import_module(f"openonce_core.{name}")

@@ -1,5 +1,5 @@
 """Provider contracts on the hot path: with ``enforce_provider_receipts`` a call must meet
-its capability's contract before it runs, and its receipt after (see providers.py)."""
+its capability's contract before it runs, and its receipt after (see _providers/)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Each is a thin door onto the module that does the work, so it answers exactly what the
 decorator, the reconciler or ``openonce providers --scan`` would: the key ``@oo.effect``
 derives (keys.py), the default classifier's verdict (classify.py), the capabilities and
-the human-review note the reconciler uses (providers.py, reconcile.py), the tools the
+the human-review note the reconciler uses (_providers/, _reconcile.py), the tools the
 scanner finds (scan.py).
 """
 

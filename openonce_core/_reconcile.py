@@ -50,7 +50,14 @@ from ._failures import message_text, safe_text
 from ._leases import dead_owner, lease_lapsed, stopped_for, wait_over
 from ._ledger import Then
 from ._probe import ProbeOutcome, Prober, ProbeResult, attempt_ended_at
-from ._providers import Capability, CapabilityMatrix, check_receipt
+from ._providers import (
+    Capability,
+    CapabilityMatrix,
+    check_conformance_evidence,
+    check_receipt,
+    load_conformance_file,
+)
+from ._reconciler_options import ReconcilerOptions
 from ._records import Effect
 from ._redact import redact_text
 from ._runtime import OpenOnce
@@ -134,29 +141,33 @@ ConformanceGate = Callable[[Capability], list[str]]
 AnyProber = Prober | Callable[[Effect], ProbeResult]
 
 
+def _evidence_gate(evidence: dict[str, Any]) -> ConformanceGate:
+    """The gate that checks a capability against a conformance file's ``evidence``."""
+
+    def gate(capability: Capability) -> list[str]:
+        return check_conformance_evidence(capability, evidence)
+
+    return gate
+
+
 class Reconciler:
     def __init__(
         self,
         target: OpenOnce | Store | str,
         *,
+        options: ReconcilerOptions | None = None,
         extra_capabilities: Iterable[Capability] = (),
-        grace_seconds: float | None = None,
         grace_overrides: Mapping[str, float] | None = None,
-        require_provider_capability: bool = False,
         conformance: ConformanceGate | None = None,
-        require_conformance: bool = False,
-        probe_timeout: float = 30.0,
-        probe_retries: int = 0,
-        retry_backoff: float = 5.0,
-        transient_retries: int = 8,
-        transient_window: float = 3600.0,
-        stale_call_grace: float = 300.0,
-        dead_owner_grace: float = 60.0,
-        young_reprobes: int = 20,
-        maturity_window: float = 7200.0,
-        owner: str = "reconciler",
         clock: ClockLike | None = None,
+        **option_values: Any,
     ) -> None:
+        """``options`` (``ReconcilerOptions``) says how it decides; any of its fields given
+        as a keyword (``probe_timeout=10``) overrides it. ``conformance`` checks a
+        capability's evidence; without it, ``options.conformance_file`` is read for one."""
+        self.options = opts = (options or ReconcilerOptions()).replace(**option_values)
+        if conformance is None and opts.conformance_file:
+            conformance = _evidence_gate(load_conformance_file(opts.conformance_file))
         clock = as_clock(clock)
         self.oo = target if isinstance(target, OpenOnce) else OpenOnce(target, clock=clock)
         self.clock: Clock = clock or self.oo.clock
@@ -165,33 +176,37 @@ class Reconciler:
         self._pins: dict[str, str] = dict(self.oo.provider_capabilities)
         # The grace windows, with the pins by reference: register() may add one.
         self.grace = Grace(
-            self.matrix, grace_seconds=grace_seconds, overrides=grace_overrides, pins=self._pins
+            self.matrix,
+            grace_seconds=opts.grace_seconds,
+            overrides=grace_overrides,
+            pins=self._pins,
         )
-        self.require_provider_capability = require_provider_capability
+        self.require_provider_capability = opts.require_provider_capability
         self.conformance = conformance
-        self.require_conformance = require_conformance
-        self.probe_timeout = probe_timeout
+        self.require_conformance = opts.require_conformance
+        self.probe_timeout = opts.probe_timeout
         # A prober that raises or times out says nothing about the effect; with retries it
         # is asked again after a growing pause before the effect goes to a person.
-        self.probe_retries = probe_retries
-        self.retry_backoff = retry_backoff
+        self.probe_retries = opts.probe_retries
+        self.retry_backoff = opts.retry_backoff
         # A provider that is busy or down (ProbeTransientError) is asked again up to this
         # many times, or for this long, before a person is asked instead.
-        self.transient_retries = transient_retries
-        self.transient_window = transient_window
+        self.transient_retries = opts.transient_retries
+        self.transient_window = opts.transient_window
         # A miss soon after a lease ran out is no evidence: the call may still be running
         # (stopped, cut off). Re-arming on a miss waits this long after the lease's end.
-        self.stale_call_grace = stale_call_grace
+        self.stale_call_grace = opts.stale_call_grace
         # A process found gone sends nothing more, but a request it sent just before it
         # died may still be in flight at the provider (a PR being created): a miss is no
         # evidence until this long (or the tool's grace, if longer) after it was found
         # gone. Shorter than stale_call_grace, which covers a process that may wake up.
-        self.dead_owner_grace = dead_owner_grace
+        self.dead_owner_grace = opts.dead_owner_grace
         # A young miss is asked again when the prober says it matures; a prober that keeps
         # saying "not yet" (an index that never catches up) is asked at most this many
         # times, or for this long after its first such answer, then a person decides.
-        self.young_reprobes = young_reprobes
-        self.maturity_window = maturity_window
+        self.young_reprobes = opts.young_reprobes
+        self.maturity_window = opts.maturity_window
+        owner = opts.owner
         self.actor = owner if ":" in owner else f"reconciler:{owner}"
         self._claimer = f"{self.actor}#{uuid.uuid4().hex[:8]}"
         self._probers: dict[str, list[AnyProber]] = {}

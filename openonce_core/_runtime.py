@@ -23,7 +23,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Unpack, cast, overload
 
 from . import _forksafe as forksafe
 from . import _schema as schema
@@ -38,6 +38,7 @@ from ._keys import Call, Spec, check_text, make_spec, prepare
 from ._leases import LeaseKeeper, process_owner
 from ._ledger import Ledger
 from ._observe import Observer
+from ._options import EffectDecorator, EffectFunction, EffectKeywords, EffectOptions
 from ._policy import ALLOW, Policy
 from ._providers import Capability, CapabilityMatrix
 from ._records import Effect
@@ -135,6 +136,14 @@ class OpenOnce(Contracts, CallPath, Decisions):
 
     # -- declaring effects ----------------------------------------------------------------
 
+    @overload
+    def effect[**P, R](
+        self, fn: Callable[P, R], **options: Unpack[EffectKeywords]
+    ) -> EffectFunction[P, R]: ...
+
+    @overload
+    def effect(self, fn: None = None, **options: Unpack[EffectKeywords]) -> EffectDecorator: ...
+
     def effect(
         self,
         fn: Callable[..., Any] | None = None,
@@ -147,33 +156,34 @@ class OpenOnce(Contracts, CallPath, Decisions):
         business_errors: Sequence[type[BaseException]] = (),
         lease_seconds: float | None = None,
         wait_seconds: float | None = None,
-    ) -> Any:
+    ) -> EffectFunction[..., Any] | EffectDecorator:
         """Make ``fn`` a durable effect: ``@oo.effect``, ``@oo.effect(tool=...)`` or
-        ``oo.effect(existing_callable)``.
-
-        * ``idempotency_fields``: only these arguments form the key (the intent
-          fingerprint), so reworded prose does not defeat dedup. Needs a scope.
-        * ``idempotency_key``: a function of the call's arguments returning an explicit
-          key (``lambda charge, **_: f"refund-{charge}"``), or a literal key; needs no
-          scope, and the same key with different arguments is refused.
-        * ``secret_fields``: stored only as digests (HMAC with the pepper), still usable as
-          key material; needs ``OpenOnce(secret_pepper=...)``.
-        * ``business_errors``: exception classes that mean "the provider said no" — recorded
-          FAILED and replayed; other exceptions the classifier cannot place are UNKNOWN.
-        """
+        ``oo.effect(existing_callable)``. The options are ``EffectOptions``' fields (their
+        meaning is documented there). Type checkers see the handler's own parameters and
+        return type, and the ``openonce_tool``/``openonce_spec`` attributes
+        (``EffectFunction``)."""
+        options = EffectOptions(
+            tool=tool,
+            idempotency_fields=idempotency_fields,
+            idempotency_key=idempotency_key,
+            max_attempts=max_attempts,
+            secret_fields=secret_fields,
+            business_errors=business_errors,
+            lease_seconds=lease_seconds,
+            wait_seconds=wait_seconds,
+        )
         if fn is None:
-            return functools.partial(
-                self.effect,
-                tool=tool,
-                idempotency_fields=idempotency_fields,
-                idempotency_key=idempotency_key,
-                max_attempts=max_attempts,
-                secret_fields=secret_fields,
-                business_errors=business_errors,
-                lease_seconds=lease_seconds,
-                wait_seconds=wait_seconds,
-            )
-        if secret_fields and not self.secret_pepper:
+
+            def decorate[**Q, T](handler: Callable[Q, T]) -> EffectFunction[Q, T]:
+                return self.declare(handler, options)
+
+            return decorate
+        return self.declare(fn, options)
+
+    def declare[**P, R](self, fn: Callable[P, R], options: EffectOptions) -> EffectFunction[P, R]:
+        """``oo.effect(fn, ...)`` with the options as one ``EffectOptions`` object, which
+        several tools can share; the integrations' decorators declare effects through it."""
+        if options.secret_fields and not self.secret_pepper:
             raise ConfigurationError(
                 "secret_fields need a pepper, or their digests can be reversed by guessing:"
                 " pass OpenOnce(secret_pepper=...) or set OPENONCE_SECRET_PEPPER (at least"
@@ -182,15 +192,16 @@ class OpenOnce(Contracts, CallPath, Decisions):
             )
         spec = make_spec(
             fn,
-            tool=tool,
-            idempotency_fields=idempotency_fields,
-            idempotency_key=idempotency_key,
-            secret_fields=secret_fields,
-            business_errors=business_errors,
-            max_attempts=max_attempts if max_attempts is not None else self.max_attempts,
-            lease_seconds=lease_seconds if lease_seconds is not None else self.lease_seconds,
-            wait_seconds=wait_seconds if wait_seconds is not None else self.wait_seconds,
+            tool=options.tool,
+            idempotency_fields=options.idempotency_fields,
+            idempotency_key=options.idempotency_key,
+            secret_fields=options.secret_fields,
+            business_errors=options.business_errors,
+            max_attempts=_or_default(options.max_attempts, self.max_attempts),
+            lease_seconds=_or_default(options.lease_seconds, self.lease_seconds),
+            wait_seconds=_or_default(options.wait_seconds, self.wait_seconds),
         )
+        wrapper: Any
         if spec.is_async:
 
             @functools.wraps(fn)
@@ -202,17 +213,17 @@ class OpenOnce(Contracts, CallPath, Decisions):
                 job = functools.partial(context.run, self._execute, call, loop, context)
                 return await loop.run_in_executor(self._threads(), job)
 
-            async_wrapper.openonce_tool = spec.tool  # type: ignore[attr-defined]
-            async_wrapper.openonce_spec = spec  # type: ignore[attr-defined]
-            return async_wrapper
+            wrapper = async_wrapper
+        else:
 
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return self._execute(self._prepare(spec, args, kwargs))
+            @functools.wraps(fn)
+            def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+                return self._execute(self._prepare(spec, args, kwargs))
 
-        wrapper.openonce_tool = spec.tool  # type: ignore[attr-defined]
-        wrapper.openonce_spec = spec  # type: ignore[attr-defined]
-        return wrapper
+            wrapper = sync_wrapper
+        wrapper.openonce_tool = spec.tool
+        wrapper.openonce_spec = spec
+        return cast("EffectFunction[P, R]", wrapper)
 
     @contextmanager
     def scope(self, run_id: str | None = None) -> Iterator[str]:
@@ -281,6 +292,10 @@ class OpenOnce(Contracts, CallPath, Decisions):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _or_default[T](value: T | None, default: T) -> T:
+    return default if value is None else value
 
 
 def _check_schema(store: Store) -> None:

@@ -10,9 +10,9 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ._providers import Capability, check_conformance_evidence, load_capabilities_file
-from ._providers import load_conformance_file as _load_conformance
+from ._providers import Capability, load_capabilities_file
 from ._reconcile import Reconciler
+from ._reconciler_options import ReconcilerOptions
 from ._runtime import OpenOnce
 from .errors import WiringError
 
@@ -74,49 +74,20 @@ def build_openonce(
 def build_reconciler(
     oo: OpenOnce,
     *,
+    options: ReconcilerOptions | None = None,
     probers: str | Mapping[str, Any] | None = None,
     pins: Iterable[str] | Mapping[str, str] = (),
-    require_provider_capability: bool = False,
-    conformance_file: str | None = None,
-    require_conformance: bool = False,
-    grace_seconds: float | None = None,
     grace_overrides: Mapping[str, float] | None = None,
-    probe_timeout: float = 30.0,
-    probe_retries: int = 0,
-    retry_backoff: float = 5.0,
-    transient_retries: int = 8,
-    transient_window: float = 3600.0,
-    stale_call_grace: float = 300.0,
-    dead_owner_grace: float = 60.0,
-    owner: str = "reconciler",
+    **option_values: Any,
 ) -> Reconciler:
     """A Reconciler over ``oo``'s store with the probers named by ``probers``: a mapping
-    tool -> prober (or -> (prober, capability)), or a ``module:NAME`` reference to one."""
-    if require_conformance and not conformance_file:
+    tool -> prober (or -> (prober, capability)), or a ``module:NAME`` reference to one.
+    ``options`` and ``option_values`` (any ``ReconcilerOptions`` field as a keyword) say
+    how it decides, as for ``Reconciler``."""
+    opts = (options or ReconcilerOptions()).replace(**option_values)
+    if opts.require_conformance and not opts.conformance_file:
         raise WiringError("--require-conformance needs --conformance-file")
-    gate = None
-    if conformance_file:
-        evidence = _load_conformance(conformance_file)
-
-        def gate(capability: Capability) -> list[str]:
-            return check_conformance_evidence(capability, evidence)
-
-    reconciler = Reconciler(
-        oo,
-        grace_seconds=grace_seconds,
-        grace_overrides=grace_overrides,
-        require_provider_capability=require_provider_capability,
-        conformance=gate,
-        require_conformance=require_conformance,
-        probe_timeout=probe_timeout,
-        probe_retries=probe_retries,
-        retry_backoff=retry_backoff,
-        transient_retries=transient_retries,
-        transient_window=transient_window,
-        stale_call_grace=stale_call_grace,
-        dead_owner_grace=dead_owner_grace,
-        owner=owner,
-    )
+    reconciler = Reconciler(oo, options=opts, grace_overrides=grace_overrides)
     table = load_object(probers) if isinstance(probers, str) else (probers or {})
     if not isinstance(table, Mapping):
         raise WiringError(f"probers must be a mapping of tool to prober, got {type(table)}")

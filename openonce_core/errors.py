@@ -52,7 +52,7 @@ answer before it goes on: is the world as it was before, or may the effect be ou
     ├── ConfigurationError           set up in a way that breaks a promise (secrets, no pepper)
     ├── CapabilityError              provider knowledge that cannot be used (names the field)
     ├── WiringError                  a probers / capabilities reference that cannot be loaded
-    └── retention.ArchiveError       an archive that cannot be read or imported
+    └── ArchiveError                 an archive that cannot be read or imported
 
 Why each error sits where it does — decided by what an agent must do next:
 

@@ -45,12 +45,13 @@ import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Unpack, overload
 
 from langchain_core.tools import StructuredTool, ToolException
 from langgraph.config import get_config
 from langgraph.types import interrupt
 
+from .._options import EffectKeywords, EffectOptions
 from .._runtime import OpenOnce
 from ..errors import (
     ApprovalPending,
@@ -66,13 +67,37 @@ __all__ = ["APPROVAL_REQUEST", "effect_tool"]
 APPROVAL_REQUEST = "approval_required"
 
 
+@overload
+def effect_tool(
+    oo: OpenOnce,
+    fn: Callable[..., Any],
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    return_direct: bool = False,
+    **options: Unpack[EffectKeywords],
+) -> StructuredTool: ...
+
+
+@overload
+def effect_tool(
+    oo: OpenOnce,
+    fn: None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    return_direct: bool = False,
+    **options: Unpack[EffectKeywords],
+) -> Callable[[Callable[..., Any]], StructuredTool]: ...
+
+
 def effect_tool(
     oo: OpenOnce,
     fn: Callable[..., Any] | None = None,
     *,
     tool: str | None = None,
     idempotency_fields: Sequence[str] | None = None,
-    idempotency_key: Callable[..., Any] | None = None,
+    idempotency_key: Callable[..., Any] | str | None = None,
     max_attempts: int | None = None,
     secret_fields: Sequence[str] = (),
     business_errors: Sequence[type[BaseException]] = (),
@@ -81,32 +106,15 @@ def effect_tool(
     name: str | None = None,
     description: str | None = None,
     return_direct: bool = False,
-) -> Any:
+) -> StructuredTool | Callable[[Callable[..., Any]], StructuredTool]:
     """Make ``fn`` a durable effect (``tool`` names it in the ledger) and a LangChain
     ``StructuredTool`` (``name``, default the function's name, is what the model calls).
 
-    The effect options are ``oo.effect``'s. Use it bare on a handler
+    The effect options are ``oo.effect``'s (``EffectOptions``). Use it bare on a handler
     (``effect_tool(oo, fn)``) or as a decorator (``@effect_tool(oo, tool=...)``). An async
     handler gives a tool for ``ainvoke``/``astream`` graphs.
     """
-    if fn is None:
-        return functools.partial(
-            effect_tool,
-            oo,
-            tool=tool,
-            idempotency_fields=idempotency_fields,
-            idempotency_key=idempotency_key,
-            max_attempts=max_attempts,
-            secret_fields=secret_fields,
-            business_errors=business_errors,
-            lease_seconds=lease_seconds,
-            wait_seconds=wait_seconds,
-            name=name,
-            description=description,
-            return_direct=return_direct,
-        )
-    effect = oo.effect(
-        fn,
+    options = EffectOptions(
         tool=tool,
         idempotency_fields=idempotency_fields,
         idempotency_key=idempotency_key,
@@ -116,6 +124,27 @@ def effect_tool(
         lease_seconds=lease_seconds,
         wait_seconds=wait_seconds,
     )
+    if fn is None:
+        return functools.partial(
+            _structured_tool,
+            oo,
+            options=options,
+            name=name,
+            description=description,
+            return_direct=return_direct,
+        )
+    return _structured_tool(oo, fn, options, name, description, return_direct)
+
+
+def _structured_tool(
+    oo: OpenOnce,
+    fn: Callable[..., Any],
+    options: EffectOptions,
+    name: str | None,
+    description: str | None,
+    return_direct: bool,
+) -> StructuredTool:
+    effect = oo.declare(fn, options)
     tool_name: str = effect.openonce_tool
     durable = _DurableCall(oo, tool_name)
 

@@ -45,12 +45,13 @@ import inspect
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
-from agents import RunContextWrapper, function_tool
+from agents import FunctionTool, RunContextWrapper, function_tool
 from agents.tool_context import ToolContext
 
 from .._context import current_scope
+from .._options import EffectOptions
 from .._runtime import OpenOnce
 from ..errors import OpenOnceError, ScopeRequiredError
 from ._signals import STOPS, as_text, signal_for
@@ -75,13 +76,16 @@ class OpenOnceRunContext:
     openonce_signals: list[dict[str, Any]] = field(default_factory=list)
 
 
+# The effect options are written out (not ``Unpack[EffectKeywords]``) because every other
+# keyword goes to the SDK; tests/core/test_effect_options.py keeps them EffectOptions'.
+@overload
 def effect_function_tool(
     oo: OpenOnce,
-    fn: Callable[..., Any] | None = None,
+    fn: Callable[..., Any],
     *,
     tool: str | None = None,
     idempotency_fields: Sequence[str] | None = None,
-    idempotency_key: Callable[..., Any] | None = None,
+    idempotency_key: Callable[..., Any] | str | None = None,
     max_attempts: int | None = None,
     secret_fields: Sequence[str] = (),
     business_errors: Sequence[type[BaseException]] = (),
@@ -89,33 +93,51 @@ def effect_function_tool(
     wait_seconds: float | None = None,
     dedup: Dedup = "scope",
     **function_tool_options: Any,
-) -> Any:
+) -> FunctionTool: ...
+
+
+@overload
+def effect_function_tool(
+    oo: OpenOnce,
+    fn: None = None,
+    *,
+    tool: str | None = None,
+    idempotency_fields: Sequence[str] | None = None,
+    idempotency_key: Callable[..., Any] | str | None = None,
+    max_attempts: int | None = None,
+    secret_fields: Sequence[str] = (),
+    business_errors: Sequence[type[BaseException]] = (),
+    lease_seconds: float | None = None,
+    wait_seconds: float | None = None,
+    dedup: Dedup = "scope",
+    **function_tool_options: Any,
+) -> Callable[[Callable[..., Any]], FunctionTool]: ...
+
+
+def effect_function_tool(
+    oo: OpenOnce,
+    fn: Callable[..., Any] | None = None,
+    *,
+    tool: str | None = None,
+    idempotency_fields: Sequence[str] | None = None,
+    idempotency_key: Callable[..., Any] | str | None = None,
+    max_attempts: int | None = None,
+    secret_fields: Sequence[str] = (),
+    business_errors: Sequence[type[BaseException]] = (),
+    lease_seconds: float | None = None,
+    wait_seconds: float | None = None,
+    dedup: Dedup = "scope",
+    **function_tool_options: Any,
+) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Make ``fn`` a durable effect (``tool`` names it in the ledger) and an Agents SDK
     ``FunctionTool`` (named after the function unless ``name_override=`` says otherwise).
 
-    The effect options are ``oo.effect``'s; every other keyword goes to the SDK's
-    ``function_tool`` (``name_override``, ``failure_error_function``, ``timeout``, ...).
-    The handler takes the tool's arguments only; inside it ``current_effect()`` works.
+    The effect options are ``oo.effect``'s (``EffectOptions``); every other keyword goes to
+    the SDK's ``function_tool`` (``name_override``, ``failure_error_function``,
+    ``timeout``, ...). The handler takes the tool's arguments only; inside it
+    ``current_effect()`` works.
     """
-    if fn is None:
-        return functools.partial(
-            effect_function_tool,
-            oo,
-            tool=tool,
-            idempotency_fields=idempotency_fields,
-            idempotency_key=idempotency_key,
-            max_attempts=max_attempts,
-            secret_fields=secret_fields,
-            business_errors=business_errors,
-            lease_seconds=lease_seconds,
-            wait_seconds=wait_seconds,
-            dedup=dedup,
-            **function_tool_options,
-        )
-    if dedup not in ("scope", "call"):
-        raise ValueError(f"dedup must be 'scope' or 'call', not {dedup!r}")
-    effect = oo.effect(
-        fn,
+    options = EffectOptions(
         tool=tool,
         idempotency_fields=idempotency_fields,
         idempotency_key=idempotency_key,
@@ -125,8 +147,25 @@ def effect_function_tool(
         lease_seconds=lease_seconds,
         wait_seconds=wait_seconds,
     )
+    if dedup not in ("scope", "call"):
+        raise ValueError(f"dedup must be 'scope' or 'call', not {dedup!r}")
+    if fn is None:
+        return functools.partial(
+            _function_tool, oo, options=options, dedup=dedup, **function_tool_options
+        )
+    return _function_tool(oo, fn, options, dedup, **function_tool_options)
+
+
+def _function_tool(
+    oo: OpenOnce,
+    fn: Callable[..., Any],
+    options: EffectOptions,
+    dedup: Dedup,
+    **function_tool_options: Any,
+) -> FunctionTool:
+    effect = oo.declare(fn, options)
     tool_name: str = effect.openonce_tool
-    needs_scope = idempotency_key is None
+    needs_scope = options.idempotency_key is None
 
     def scope_of(ctx: ToolContext[Any]) -> contextlib.AbstractContextManager[Any]:
         scope = getattr(ctx.context, "openonce_scope", None) or current_scope()

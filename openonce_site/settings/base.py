@@ -8,13 +8,16 @@ own tables live beside the ledger's; the core installs the ledger tables on migr
 from __future__ import annotations
 
 import os
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 from kombu import Exchange, Queue
 
+from openonce_core._reconciler_options import ReconcilerOptions, setting_name
 from openonce_site.env import (
     database_from_parts,
     database_from_url,
@@ -296,24 +299,37 @@ LOGGING = {
 OPENONCE_PROBERS = env_str("OPENONCE_PROBERS", "") or None  # "package.module:NAME"
 OPENONCE_CAPABILITY_FILES = env_list("OPENONCE_CAPABILITY_FILES")
 OPENONCE_PROVIDER_CAPABILITIES = env_list("OPENONCE_PROVIDER_CAPABILITIES")  # TOOL=CAP,...
-OPENONCE_REQUIRE_PROVIDER_CAPABILITY = env_bool("OPENONCE_REQUIRE_PROVIDER_CAPABILITY", False)
-OPENONCE_CONFORMANCE_FILE = env_str("OPENONCE_CONFORMANCE_FILE", "") or None
-OPENONCE_REQUIRE_CONFORMANCE = env_bool("OPENONCE_REQUIRE_CONFORMANCE", False)
-OPENONCE_GRACE_SECONDS = env_float("OPENONCE_GRACE_SECONDS", None)  # None: per capability
-OPENONCE_PROBE_TIMEOUT = env_float("OPENONCE_PROBE_TIMEOUT", 30.0, positive=True)
-OPENONCE_PROBE_RETRIES = env_int("OPENONCE_PROBE_RETRIES", 3)
-OPENONCE_PROBE_RETRY_BACKOFF = env_float("OPENONCE_PROBE_RETRY_BACKOFF", 5.0)
-# A provider that is busy or down (429, 5xx, timeouts) is asked again this many times, or
-# for this long, before a person is; a refused key never pages anyone (health turns red).
-OPENONCE_PROBE_TRANSIENT_RETRIES = env_int("OPENONCE_PROBE_TRANSIENT_RETRIES", 8)
-OPENONCE_PROBE_TRANSIENT_WINDOW = env_float(
-    "OPENONCE_PROBE_TRANSIENT_WINDOW", 3600.0, positive=True
-)
-# A miss this soon after a call's lease ran out is no evidence (the call may still run).
-OPENONCE_STALE_CALL_GRACE = env_float("OPENONCE_STALE_CALL_GRACE", 300.0)
-# A miss this soon after a call's owner was found dead is no evidence either: the request
-# it sent just before it died may still be in flight at the provider.
-OPENONCE_DEAD_OWNER_GRACE = env_float("OPENONCE_DEAD_OWNER_GRACE", 60.0)
+# How the reconciler decides: one setting per ReconcilerOptions field, named as
+# openonce_core._reconciler_options.setting_name says (OPENONCE_PROBE_TIMEOUT, ...), each read
+# from the environment with the field's kind. The site's own defaults: a prober that
+# raised is asked again 3 times, and the journal names the reconciler "daemon".
+_RECONCILER_DEFAULTS = {"probe_retries": 3, "owner": "daemon"}
+
+
+def reconciler_settings(defaults: dict[str, Any]) -> dict[str, Any]:
+    """``{setting name: value}`` for every Reconciler option, from the environment."""
+    values: dict[str, Any] = {}
+    for option in fields(ReconcilerOptions):
+        name, kind = setting_name(option), option.metadata["kind"]
+        default = defaults.get(option.name, option.default)
+        if kind is bool:
+            values[name] = env_bool(name, default)
+        elif kind is int:
+            values[name] = env_int(name, default)
+        elif kind is float:
+            values[name] = env_float(name, default, positive=option.metadata["positive"])
+        else:
+            values[name] = env_str(name, "") or default
+    return values
+
+
+# OPENONCE_GRACE_SECONDS unset: each capability's own grace. OPENONCE_PROBE_TRANSIENT_*: a
+# provider that is busy or down (429, 5xx, timeouts) is asked again this many times, or for
+# this long, before a person is; a refused key never pages anyone (health turns red).
+# OPENONCE_STALE_CALL_GRACE and OPENONCE_DEAD_OWNER_GRACE: a miss this soon after a call's
+# lease ran out, or after its owner was found dead, is no evidence.
+_reconciler = reconciler_settings(_RECONCILER_DEFAULTS)
+globals().update(_reconciler)
 # What the process's Reconciler (ledger.clients) wraps every prober in: the daemon's
 # wrapper times and logs each probe for /metrics and health. A dotted path; None: none.
 OPENONCE_PROBER_WRAPPER: str | None = "reconciler.probes.instrument"
@@ -388,9 +404,10 @@ if not (
         "OPENONCE_TASK_SOFT_TIME_LIMIT must be below OPENONCE_TASK_TIME_LIMIT, and that"
         " below the broker's 3600s visibility timeout"
     )
-if OPENONCE_PROBE_TIMEOUT + 0.5 > 0.8 * CELERY_TASK_SOFT_TIME_LIMIT:
+_probe_timeout = _reconciler["OPENONCE_PROBE_TIMEOUT"]
+if _probe_timeout + 0.5 > 0.8 * CELERY_TASK_SOFT_TIME_LIMIT:
     raise ImproperlyConfigured(
-        f"OPENONCE_PROBE_TIMEOUT={OPENONCE_PROBE_TIMEOUT:g} leaves a batch no room to probe"
+        f"OPENONCE_PROBE_TIMEOUT={_probe_timeout:g} leaves a batch no room to probe"
         f" one effect within OPENONCE_TASK_SOFT_TIME_LIMIT={CELERY_TASK_SOFT_TIME_LIMIT:g}"
         " (a probe may take at most 80% of the soft limit, less half a second)"
     )

@@ -28,8 +28,8 @@ from openonce_core import errors as E
 from openonce_core._bridge import HandlerNotStarted
 from openonce_core._clock import ClockUnavailableError
 from openonce_core._retention import ArchiveError
-from openonce_core.cli_providers import UsageError
-from openonce_core.cli_test import SuiteFileError
+from openonce_core.cli._providers import UsageError
+from openonce_core.cli._test import SuiteFileError
 from openonce_core.probers.email import MailStoreReadError
 from openonce_core.probers.github import GitHubReadError
 from openonce_core.probers.stripe import StripeReadError, StripeSearchUnavailableError

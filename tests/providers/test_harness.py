@@ -46,7 +46,7 @@ SCENARIOS = [
 
 def openonce_test(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "openonce_core.cli_test", *args],
+        [sys.executable, "-m", "openonce_core.cli", "test", *args],
         capture_output=True,
         text=True,
         timeout=120,

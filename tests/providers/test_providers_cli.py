@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from openonce_core._providers import CapabilityMatrix
-from openonce_core.cli_providers import add_providers_parser, cmd_providers
+from openonce_core.cli._providers import add_providers_parser, cmd_providers
 
 GITHUB = CapabilityMatrix().get("github_pr")
 assert GITHUB is not None
@@ -113,7 +113,7 @@ def post_message(channel, text):
 
 def providers(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "openonce_core.cli_providers", *args],
+        [sys.executable, "-m", "openonce_core.cli", "providers", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -7,8 +7,8 @@ requested check is evaluated and reported, and the exit status says whether all 
 Exit status: 0 shown, or every gate passed; 1 a gate failed, or a capability or
 conformance file was refused; 2 bad usage. Errors are one line on stderr.
 
-Run standalone as ``python -m openonce_core.cli_providers [TOOL] [flags]``, or as the
-``providers`` subcommand once ``cli.build_parser()`` calls ``add_providers_parser``.
+The ``providers`` subcommand of ``openonce`` (``build_parser`` calls
+``add_providers_parser``); ``main`` runs it on its own, as ``openonce providers``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._providers import (
+from .._providers import (
     SCHEMA_VERSION,
     Capability,
     CapabilityMatrix,
@@ -33,14 +33,14 @@ from ._providers import (
     readiness_problems,
     suggest_capability,
 )
-from ._scan import (
+from .._scan import (
     ScannedTool,
     ScanResult,
     handler_contract_problems,
     receipt_contract_problems,
     scan_tree,
 )
-from .errors import CapabilityError, OpenOnceError
+from ..errors import CapabilityError, OpenOnceError
 
 # Gate name (as in the JSON "checks") -> the flag that requests it, in report order.
 GATE_FLAGS = {

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from .testing import SafetyReport
+from ..testing import SafetyReport
 
 PROG = "openonce test"
 
