@@ -279,6 +279,18 @@ def test_an_effect_changed_by_a_clock_that_stepped_back_waits_its_pause(
     assert due_now() == {fresh, backoff}
 
 
+def test_the_fresh_tools_are_read_past_a_page_of_fresh_effects(
+    oo: OpenOnce, clock: FakeClock
+) -> None:
+    now = clock.now()
+    copies(oo, park(oo, "acme.ship", now - 600), 700)  # more than one page of keys
+    park(oo, "slow.sync", now - 10)  # the newest: on the last page
+    park(oo, "held.back", now - 10, next_probe_at=now + 600)  # in backoff: not fresh
+    assert oo.store.fresh_unknown_tools() == ["acme.ship", "slow.sync"]
+    grace = Grace(CapabilityMatrix(), overrides={"slow.sync": 3600})
+    assert count_overdue_unknown(oo.store, grace, clock, now) == 701
+
+
 def test_an_empty_ledger_has_nothing_due(oo: OpenOnce, clock: FakeClock) -> None:
     for grace in (Grace(CapabilityMatrix()), Grace(CapabilityMatrix(), grace_seconds=5)):
         assert overdue_unknown(oo.store, grace, clock, clock.now(), 10) == []
@@ -302,7 +314,12 @@ def due_statements(oo: OpenOnce, clock: FakeClock, monkeypatch) -> list[tuple[st
     return list(reads.sql)
 
 
+BY_ID = "by id"  # a fresh effect's tool, read by primary key
+
+
 def index_for(query: str) -> str:
+    if "WHERE id IN (" in query:
+        return BY_ID
     if "next_probe_at IS NULL" in query:
         return FRESH
     if "next_probe_at IS NOT NULL" in query:
@@ -326,6 +343,9 @@ def test_sqlite_reads_what_is_due_through_the_partial_indexes(
     conn = sqlite3.connect(path)
     for query, params in statements:
         plan = " | ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + query, params))
+        if index_for(query) == BY_ID:
+            assert "(id=?)" in plan, (query, plan)
+            continue
         assert f"USING INDEX {index_for(query)}" in plan or (
             f"USING COVERING INDEX {index_for(query)}" in plan
         ), (query, plan)
@@ -353,6 +373,11 @@ def test_postgres_reads_what_is_due_through_the_partial_indexes(
             values = ", ".join(_literal(v) for v in params)
             run = f"EXECUTE due_{n}({values})" if params else f"EXECUTE due_{n}"
             plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + run))
+            if index_for(query) == BY_ID:
+                assert "Index Cond: (id = ANY" in plan and "Seq Scan" not in plan, plan
+                continue
+            if query.startswith("SELECT updated_at, id"):  # the fresh tools' first step
+                assert "Index Only Scan" in plan, plan
             assert index_for(query) in plan, (query, plan)
             assert "Seq Scan" not in plan and "Sort" not in plan.replace("Sort Key", ""), plan
     oo.close()
