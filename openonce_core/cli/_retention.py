@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
 
 from .._retention import RetentionPolicy, import_archive, parse_duration, run_retention
 from ..stores import open_store
 from ._common import say
+
+_PACE = RetentionPolicy(older_than=1.0)  # the policy's own pace, the flags' defaults
 
 
 def cmd_retention(args: argparse.Namespace) -> int:
@@ -19,14 +22,21 @@ def cmd_retention(args: argparse.Namespace) -> int:
             imported = import_archive(store, args.file)
             say(json.dumps(imported.to_json()) if args.json else imported)
             return 0
-        policy = RetentionPolicy(
-            older_than=args.older_than, batch_size=args.batch, pause=args.pause
-        )
-        report = run_retention(store, policy, args.archive_dir, dry_run=args.dry_run)
+        report = run_retention(store, policy_of(args), args.archive_dir, dry_run=args.dry_run)
     finally:
         store.close()
     say(json.dumps(report.to_json()) if args.json else report)
     return 0
+
+
+def policy_of(args: argparse.Namespace) -> RetentionPolicy:
+    return RetentionPolicy(
+        older_than=args.older_than,
+        batch_size=args.batch,
+        pause=args.pause,
+        max_rate=args.rate,
+        max_busy=args.busy,
+    )
 
 
 def _duration(text: str) -> float:
@@ -56,6 +66,33 @@ def _pause(text: str) -> float:
     return value
 
 
+def _rate(text: str) -> float | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give effects a second, more than 0, or 'none' for no cap"
+        )
+    return value
+
+
+def _busy(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give the share of the run's time spent in its batches, more than 0"
+            " and at most 1"
+        )
+    return value
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "retention",
@@ -69,6 +106,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--archive-dir", metavar="DIR", help="where the archive file is written")
     p.add_argument("--batch", type=_batch_size, default=500, help="effects per transaction")
     p.add_argument("--pause", type=_pause, default=0.0, help="seconds between batches (0)")
+    p.add_argument(
+        "--rate", type=_rate, default=_PACE.max_rate, metavar="N",
+        help=f"archive at most N effects a second ({_PACE.max_rate:g}; 'none': no cap)",
+    )  # fmt: skip
+    p.add_argument(
+        "--busy", type=_busy, default=_PACE.max_busy, metavar="SHARE",
+        help=f"spend at most this share of the run in its batches ({_PACE.max_busy:g})",
+    )  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="count what it would archive")
     p.add_argument("--json", action="store_true", help="the report as one JSON object")
     p.set_defaults(func=cmd_retention, retention_command=None)

@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from openonce_core import open_store
+from openonce_core import RetentionPolicy, open_store
+from openonce_core.cli import build_parser
+from openonce_core.cli._retention import policy_of
 from openonce_core.errors import EffectArchivedError
 from tests.core.test_cli import openonce
 from tests.support.retention import Refunds, old_and_new_refunds
@@ -66,6 +68,10 @@ def test_archives_then_imports_back(db, tmp_path) -> None:
         (["--older-than=-5d", "--archive-dir", "A"], "more than 0"),
         (["--older-than", "nand", "--archive-dir", "A"], "more than 0"),
         (["--older-than", "90d", "--archive-dir", "A", "--batch", "0"], "1 to 10000"),
+        (["--older-than", "90d", "--archive-dir", "A", "--rate", "0"], "or 'none' for no cap"),
+        (["--older-than", "90d", "--archive-dir", "A", "--rate", "inf"], "more than 0"),
+        (["--older-than", "90d", "--archive-dir", "A", "--busy", "0"], "at most 1"),
+        (["--older-than", "90d", "--archive-dir", "A", "--busy", "1.5"], "at most 1"),
         (["--older-than", "90d"], "required: --archive-dir"),
         (["--archive-dir", "A"], "required: --older-than"),
         (["import"], "FILE"),
@@ -80,6 +86,23 @@ def test_bad_input_is_refused_with_exit_2_and_changes_nothing(tmp_path, args, sa
     assert says in done.stderr
     assert len(oo.store.list_effects()) == 3 and not (tmp_path / "A").exists()
     oo.close()
+
+
+@pytest.mark.parametrize(
+    ("flags", "rate", "busy"),
+    [
+        ([], 500.0, 0.5),
+        (["--rate", "40", "--busy", "0.2"], 40.0, 0.2),
+        (["--rate", "none"], None, 0.5),
+    ],
+)
+def test_the_pace_flags_set_the_policy_the_run_takes(flags, rate, busy) -> None:
+    args = build_parser().parse_args(
+        ["--db", "x.db", "retention", "--older-than", "90d", "--archive-dir", "A", *flags]
+    )
+    policy = policy_of(args)
+    assert (policy.max_rate, policy.max_busy, policy.older_than) == (rate, busy, 90 * 86400)
+    assert policy == RetentionPolicy(older_than=90 * 86400, max_rate=rate, max_busy=busy)
 
 
 def test_an_archive_that_cannot_be_imported_is_refused_with_exit_1(db, tmp_path) -> None:
