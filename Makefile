@@ -5,8 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PG_TEST_DSN ?= postgresql://root@127.0.0.1:5432/test
 # axe-core (the accessibility checker the browser tests inject), from the npm registry.
-AXE_VERSION := 4.10.3
-AXE := $(VENV)/axe/node_modules/axe-core/axe.min.js
+# One directory per version, so a new pin installs on the next `make test`.
+AXE_VERSION := 4.14.1
+AXE := $(VENV)/axe-$(AXE_VERSION)/node_modules/axe-core/axe.min.js
 
 .PHONY: venv demo test check lint bench bench-gap bench-reconcile bench-daemon bench-console bench-volume soak clean check-python
 
@@ -66,7 +67,7 @@ $(AXE):
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; \
 	  else echo "The accessibility tests need npm: sudo apt-get install npm"; exit 1; fi; }
 	npm install --silent --no-save --no-package-lock --no-audit --no-fund \
-	  --prefix $(VENV)/axe axe-core@$(AXE_VERSION)
+	  --prefix $(VENV)/axe-$(AXE_VERSION) axe-core@$(AXE_VERSION)
 
 test: venv /usr/bin/chromium /usr/bin/caddy /usr/sbin/pgbouncer /usr/bin/promtool $(AXE)
 	$(VENV)/bin/ruff check .

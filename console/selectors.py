@@ -589,7 +589,8 @@ def mail_domain(tool: str) -> str | None:
     """The sending domain of an email prober registered for ``tool``, for the
     Message-ID a receipt must name."""
     for prober in registered_probers().get(tool, []):
-        domain = getattr(prober, "domain", None)
+        inner = getattr(prober, "inner", prober)  # reconciler.probes wraps each one
+        domain = getattr(inner, "domain", None)
         if isinstance(domain, str) and domain:
             return domain
     return None

@@ -10,6 +10,7 @@ test_console_views.py, which the other console test files import.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,21 @@ import pytest
 from tests.support.browser import launch
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _pinned_axe() -> str:
+    """The axe-core version the Makefile pins (AXE_VERSION); `make test` installs it in a
+    directory of its own, .venv/axe-<version>."""
+    found = re.search(r"^AXE_VERSION := (\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert found, "the Makefile pins no AXE_VERSION"
+    return found[1]
+
+
 AXE = Path(
-    os.environ.get("OPENONCE_AXE", ROOT / ".venv" / "axe" / "node_modules/axe-core/axe.min.js")
+    os.environ.get(
+        "OPENONCE_AXE",
+        ROOT / ".venv" / f"axe-{_pinned_axe()}" / "node_modules/axe-core/axe.min.js",
+    )
 )
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
