@@ -19,6 +19,7 @@ in GitHub's wire format, with its pagination and its rate limits.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -59,14 +60,24 @@ class FakeGitHubServer(FakeHTTPServer):
         self._number = 0
         self.in_flight = 0
         self.peak_in_flight = 0
+        self._request = threading.local()
 
     def _handle(self, handler: Any) -> None:
+        # A request is in flight from its arrival until its reply is ready to send: counted
+        # down after the reply was written, the client could already have read it and sent
+        # the next request (a second one "in flight" that never overlapped).
         with self.lock:
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        self._request.answered = False  # each request is handled on a thread of its own
         try:
             super()._handle(handler)
         finally:
+            self.answering(None)
+
+    def answering(self, seen: Any) -> None:
+        if not getattr(self._request, "answered", True):
+            self._request.answered = True
             with self.lock:
                 self.in_flight -= 1
 

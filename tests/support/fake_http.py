@@ -164,6 +164,10 @@ class FakeHTTPServer:
     def rate_limited(self, seen: Seen) -> Reply:
         raise NotImplementedError
 
+    def answering(self, seen: Seen) -> None:
+        """Called once a reply is ready, before its first byte is sent: from then on the
+        client may read it and send its next request."""
+
     def _handle(self, handler: BaseHTTPRequestHandler) -> None:
         parts = urlsplit(handler.path)
         seen = Seen(
@@ -191,6 +195,7 @@ class FakeHTTPServer:
                 reply = self.route(seen)
         seen.status = reply.status
         payload = json.dumps(reply.body).encode()
+        self.answering(seen)
         try:
             handler.send_response(reply.status)
             handler.send_header("Content-Type", "application/json")
