@@ -63,5 +63,25 @@ def attempt_ended_at(effect: Effect) -> float:
     return effect.updated_at
 
 
+def young_miss_wait(age: float, lag: float, margin: float) -> float | None:
+    """How long to wait before a miss ``age`` seconds after the attempt is evidence: until
+    the provider's ``lag`` has passed, plus ``margin``; None once it has.
+
+    A negative age means the prober's clock reads behind the clock the effect was written
+    on (a host clock stepped back, a prober not bound to the reconciler's clock). The
+    attempt cannot have ended in the future, so the age counts as 0: the wait is never
+    longer than the lag plus the margin, and a clock an hour behind does not park an
+    effect for an hour."""
+    age = max(age, 0.0)
+    return None if age >= lag else lag - age + margin
+
+
+def age_words(age: float) -> str:
+    """The age a prober reports: ``12s old``, or where the clocks disagree, says so."""
+    if age >= 0:
+        return f"{age:.0f}s old"
+    return f"0s old (this clock reads {-age:.0f}s before it ended: clocks disagree)"
+
+
 class Prober(Protocol):
     def probe(self, effect: Effect) -> ProbeResult: ...

@@ -54,7 +54,14 @@ from collections.abc import Callable, Iterator
 from email.parser import BytesHeaderParser
 from typing import Any, Protocol
 
-from .._probe import MATURITY_MARGIN_SECONDS, ProbeOutcome, ProbeResult, attempt_ended_at
+from .._probe import (
+    MATURITY_MARGIN_SECONDS,
+    ProbeOutcome,
+    ProbeResult,
+    age_words,
+    attempt_ended_at,
+    young_miss_wait,
+)
 from .._records import Effect
 from ..errors import ProbeCredentialError, ProbeError, ProbeTransientError
 from ._http import transport_error
@@ -246,14 +253,15 @@ class EmailMessageIdProber:
         age = self.now() - max(effect.created_at, attempt_ended_at(effect))
         observed["age_seconds"] = round(age, 3)
         lag = self.index_lag_seconds
-        if age < lag:
-            # Ask again once the lag has passed, plus a margin: the provider may have taken
-            # the message a little after the attempt ended, and a clock not bound to the
-            # ledger's may read a little behind it.
-            wait = lag - age + self.maturity_margin_seconds
+        # Ask again once the lag has passed, plus a margin: the provider may have taken
+        # the message a little after the attempt ended, and a clock not bound to the
+        # ledger's may read a little behind it.
+        wait = young_miss_wait(age, lag, self.maturity_margin_seconds)
+        if wait is not None:
             return _inconclusive(
-                f"young miss: no sent copy of {message_id} yet, but the attempt is {age:.0f}s"
-                f" old and the sent store may lag {lag:g}s; probe again in {wait:.0f}s",
+                f"young miss: no sent copy of {message_id} yet, but the attempt is"
+                f" {age_words(age)} and the sent store may lag {lag:g}s; probe again in"
+                f" {wait:.0f}s",
                 observed,
                 retry_after=wait,
             )

@@ -81,7 +81,14 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from .._probe import MATURITY_MARGIN_SECONDS, ProbeOutcome, ProbeResult, attempt_ended_at
+from .._probe import (
+    MATURITY_MARGIN_SECONDS,
+    ProbeOutcome,
+    ProbeResult,
+    age_words,
+    attempt_ended_at,
+    young_miss_wait,
+)
 from .._records import Effect
 from ..errors import ProbeCredentialError, ProbeError, ProbeTransientError
 from ._http import (
@@ -315,14 +322,14 @@ class StripeProber:
         age = at - max(effect.created_at, attempt_ended_at(effect))
         observed["age_seconds"] = round(age, 3)
         lag = self.index_lag_seconds
-        if age < lag:
-            # Ask again once the lag has passed, plus a margin: the request may have reached
-            # Stripe a little after the attempt ended, and a clock not bound to the ledger's
-            # may read a little behind it.
-            wait = lag - age + self.maturity_margin_seconds
+        # Ask again once the lag has passed, plus a margin: the request may have reached
+        # Stripe a little after the attempt ended, and a clock not bound to the ledger's
+        # may read a little behind it.
+        wait = young_miss_wait(age, lag, self.maturity_margin_seconds)
+        if wait is not None:
             return _inconclusive(
                 f"young miss: no {name} carries provider key {key} yet, but the attempt"
-                f" is {age:.0f}s old and Stripe's search index may lag {lag:g}s;"
+                f" is {age_words(age)} and Stripe's search index may lag {lag:g}s;"
                 f" probe again in {wait:.0f}s",
                 observed,
                 retry_after=wait,

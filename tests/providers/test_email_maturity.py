@@ -223,6 +223,26 @@ def test_an_unbound_prober_on_a_host_1s_behind_asks_again_after_the_margin(
     assert rec.run_once().rearmed == [effect_id]
 
 
+def test_an_unbound_prober_on_a_host_an_hour_behind_waits_the_lag_not_the_hour(
+    mailer, imap, pki, make_rec, clock, monkeypatch
+):
+    # This host's clock was stepped an hour back: the attempt reads as an hour in the
+    # future. It cannot be younger than now, so the miss is asked again after the lag
+    # and the margin (an hour's wait would outlast every drain and person's patience).
+    monkeypatch.setattr(
+        email_module, "time", types.SimpleNamespace(time=lambda: clock.now() - 3600)
+    )
+    effect_id = mailer.unknown(mode="before")
+    prober = imap_prober(imap, pki)
+    rec = make_rec(lambda effect: prober.probe(effect), grace_seconds=None)
+    clock.advance(LAG)  # past the capability's grace: due
+    report = rec.run_once()
+    assert report.retried == [effect_id] and report.escalated == []
+    reason = mailer.oo.journal(effect_id)[-1].reason
+    assert f"asking again in {LAG + MATURITY_MARGIN_SECONDS:.0f}s" in reason, reason
+    assert "clocks disagree" in reason
+
+
 # -- age counts from when the effect went UNKNOWN -------------------------------------------
 
 

@@ -101,6 +101,41 @@ def test_an_explicit_clock_is_not_replaced_by_binding(stripe, wall):
     assert p.probe(effect()).outcome is NOT_HAPPENED
 
 
+def test_a_clock_an_hour_behind_the_ledgers_waits_the_lag_not_the_hour(stripe, wall):
+    # The ledger wrote the attempt an hour ahead of the prober's clock (a host clock
+    # stepped back): the attempt cannot be in the future, so its age counts as 0.
+    p = prober(stripe, wall, index_lag_seconds=120, maturity_margin_seconds=10)
+    young = p.probe(effect(T0 + 3600))
+    assert young.outcome is INCONCLUSIVE and "clocks disagree" in young.detail
+    assert young.retry_after == pytest.approx(120 + 10)
+
+
+def test_without_an_index_lag_a_clock_behind_does_not_make_a_miss_young(stripe, wall):
+    # No lag to wait for (the soak's and a test account's): the list API decides at once,
+    # instead of a young miss parked for the hour the clocks disagree by.
+    p = prober(stripe, wall, index_lag_seconds=0)
+    result = p.probe(effect(T0 + 3600))
+    assert result.outcome is NOT_HAPPENED, result.detail
+    assert "/v1/payment_intents" in [s.path for s in stripe.seen()]
+
+
+def test_the_daemon_tests_lazy_prober_is_bound_to_the_reconcilers_clock(stripe, wall, monkeypatch):
+    # tests/support/provider_probers.LazyStripe (the soak's and the daemon tests' prober)
+    # builds its StripeProber after the fork; the clock the reconciler binds must reach it.
+    from openonce_core import InMemoryStore, OpenOnce
+    from openonce_core._reconcile import Reconciler
+    from tests.support.provider_probers import LazyStripe
+
+    monkeypatch.setenv("OPENONCE_TEST_STRIPE_URL", stripe.url)
+    lazy = LazyStripe()
+    rec = Reconciler(OpenOnce(InMemoryStore()), clock=wall)  # a callable clock
+    rec.register("stripe.charge", lazy)
+    wall.advance(3600)  # this host: elsewhere; the reconciler's clock: an hour on
+    result = lazy.probe(effect(T0 + 3590))
+    assert result.outcome is NOT_HAPPENED, result.detail  # 10 s old on the bound clock
+    assert abs(time.time() - wall()) > 86400
+
+
 def test_a_young_miss_counts_from_when_the_effect_went_unknown_across_reprobes(stripe, wall):
     # A reconciler's re-probe moves the effect (updated_at) but keeps when it went UNKNOWN.
     wall.advance(130)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from openonce_core._probe import ProbeResult
@@ -29,17 +30,28 @@ def _stripe() -> StripeProber:
 
 
 class LazyStripe:
-    """Builds the prober in the process that probes (after the worker forked)."""
+    """Builds the prober in the process that probes (after the worker forked), bound to
+    the clock the reconciler hands it (the ledger's): unbound, a young miss would be judged
+    on this host's clock, and a host clock stepped an hour back would read every attempt
+    as an hour in the future."""
 
     capability = "stripe"
     provider = "stripe"
 
     def __init__(self) -> None:
         self._prober: StripeProber | None = None
+        self._clock: Callable[[], float] | None = None
+
+    def bind_clock(self, now: Callable[[], float]) -> None:
+        self._clock = now
+        if self._prober is not None:
+            self._prober.bind_clock(now)
 
     def probe(self, effect: Effect) -> ProbeResult:
         if self._prober is None:
             self._prober = _stripe()
+            if self._clock is not None:
+                self._prober.bind_clock(self._clock)
         return self._prober.probe(effect)
 
 
