@@ -97,16 +97,16 @@ def moved_real_name(fullname: str) -> str | None:
 
 def warn_moved(alias: str, real: str) -> None:
     frame = _importing_frame()
-    if alias.partition(".")[2].partition(".")[0] in RENAMED:
-        message = (
-            f"{alias} moved to {real} and will be removed in the next release: run the"
-            " `openonce` command, or call openonce_core.cli.main(argv)"
-        )
-    else:
+    if real.startswith("openonce_core._"):  # MOVED: the same name with an underscore
         message = (
             f"{alias} is an implementation module and will be removed in the next release:"
             " import its public names from openonce_core (e.g. `from openonce_core import"
             " Reconciler, Prober`)"
+        )
+    else:  # RENAMED: a command's module, now inside the cli package
+        message = (
+            f"{alias} moved to {real} and will be removed in the next release: run the"
+            " `openonce` command, or call openonce_core.cli.main(argv)"
         )
     if frame is None:
         warnings.warn(message, DeprecationWarning, stacklevel=2)

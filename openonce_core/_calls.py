@@ -113,10 +113,11 @@ class CallPath:
         loop: asyncio.AbstractEventLoop | None = None,
         context: contextvars.Context | None = None,
     ) -> Any:
+        read: tuple[ReplayRow | None] | None = None
         if not self.observers and (call.tool, call.key) in self._known_keys:
             # The replay path, kept lean: a key this process saw is most likely a duplicate
             # of a settled effect. One read; anything else (no row, not settled, another
-            # call's arguments) goes the whole way below, which reads again and decides.
+            # call's arguments) goes the whole way below, which decides on the same read.
             row = self.store.find_replay(call.tool, call.key)
             if (
                 row is not None
@@ -125,11 +126,12 @@ class CallPath:
             ):
                 self.stats["replayed"] += 1
                 return self._replay(row)
+            read = (row,)
         trace = _Trace()
         started = time.monotonic()
         scopes = begin(self.observers, call.tool) if self.observers else None
         try:
-            return self._settle(call, trace, loop, context)
+            return self._settle(call, trace, loop, context, read)
         except BaseException as exc:
             trace.error = type(exc).__name__
             if trace.outcome == "executed":  # raised while running: say how it ended
@@ -158,10 +160,12 @@ class CallPath:
         trace: _Trace,
         loop: asyncio.AbstractEventLoop | None,
         context: contextvars.Context | None,
+        read: tuple[ReplayRow | None] | None = None,
     ) -> Any:
         deadline: float | None = None
         while True:
-            claimed, row = self._claim_or_find(call)
+            claimed, row = self._claim_or_find(call, read)
+            read = None  # a second pass reads again
             if claimed is None and row is None:
                 self._refuse_archived(call)
                 continue  # another caller's insert we could not see yet: read again
@@ -193,17 +197,21 @@ class CallPath:
             trace.effect_id, trace.attempt, trace.outcome = claimed.id, claimed.attempt, "executed"
             return self._run(call, claimed, trace, loop, context)
 
-    def _claim_or_find(self, call: Call) -> tuple[Effect | None, ReplayRow | None]:
+    def _claim_or_find(
+        self, call: Call, read: tuple[ReplayRow | None] | None = None
+    ) -> tuple[Effect | None, ReplayRow | None]:
         """Claim a new effect for this call, or read what already holds its key.
 
         A key this process has not seen is most likely new: the claim is tried first, and
         the holder, if any, read after it (on Postgres in the same round trip), so a new
         effect costs two commits and nothing else. A duplicate from another process finds
         the key taken (no row is written). A key seen here before is most likely a
-        duplicate (the agent retried): one lean read, no write lock taken."""
+        duplicate (the agent retried): one lean read, no write lock taken, or none at all
+        when the caller's lean read just found the row (``read``: what it found, boxed,
+        so that "found nothing" differs from "did not read")."""
         known = (call.tool, call.key)
         if known in self._known_keys:
-            row = self.store.find_replay(call.tool, call.key)
+            row = read[0] if read is not None else self.store.find_replay(call.tool, call.key)
             if row is not None:
                 return None, row
         self._remember(known)

@@ -9,8 +9,8 @@ parameters and return type (an async handler stays a coroutine function), plus t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any, Protocol, TypedDict
 
 from ._keys import Spec
@@ -55,6 +55,30 @@ class EffectKeywords(TypedDict, total=False):
     business_errors: Sequence[type[BaseException]]
     lease_seconds: float | None
     wait_seconds: float | None
+
+
+OPTION_NAMES = frozenset(f.name for f in fields(EffectOptions))
+
+
+def effect_options(where: str, keywords: Mapping[str, Any]) -> EffectOptions:
+    """The options a decorator was given as keywords, or a TypeError naming the stray
+    keyword and the options there are (the decorators' implementations take ``**keywords``:
+    their overloads carry the types)."""
+    stray = sorted(set(keywords) - OPTION_NAMES)
+    if stray:
+        raise TypeError(
+            f"{where}() got an unexpected keyword argument {', '.join(map(repr, stray))};"
+            f" the effect options are {', '.join(sorted(OPTION_NAMES))}"
+        )
+    return EffectOptions(**keywords)
+
+
+def split_options(keywords: Mapping[str, Any]) -> tuple[EffectOptions, dict[str, Any]]:
+    """(the effect options among ``keywords``, the other keywords), for a decorator that
+    passes the rest on (the OpenAI Agents SDK's ``function_tool``)."""
+    mine = {name: value for name, value in keywords.items() if name in OPTION_NAMES}
+    rest = {name: value for name, value in keywords.items() if name not in OPTION_NAMES}
+    return EffectOptions(**mine), rest
 
 
 class EffectFunction[**P, R](Protocol):

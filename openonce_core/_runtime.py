@@ -21,7 +21,7 @@ import os
 import re
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Unpack, cast, overload
 
@@ -38,7 +38,13 @@ from ._keys import Call, Spec, check_text, make_spec, prepare
 from ._leases import LeaseKeeper, process_owner
 from ._ledger import Ledger
 from ._observe import Observer
-from ._options import EffectDecorator, EffectFunction, EffectKeywords, EffectOptions
+from ._options import (
+    EffectDecorator,
+    EffectFunction,
+    EffectKeywords,
+    EffectOptions,
+    effect_options,
+)
 from ._policy import ALLOW, Policy
 from ._providers import Capability, CapabilityMatrix
 from ._records import Effect
@@ -145,33 +151,14 @@ class OpenOnce(Contracts, CallPath, Decisions):
     def effect(self, fn: None = None, **options: Unpack[EffectKeywords]) -> EffectDecorator: ...
 
     def effect(
-        self,
-        fn: Callable[..., Any] | None = None,
-        *,
-        tool: str | None = None,
-        idempotency_fields: Sequence[str] | None = None,
-        idempotency_key: Callable[..., Any] | str | None = None,
-        max_attempts: int | None = None,
-        secret_fields: Sequence[str] = (),
-        business_errors: Sequence[type[BaseException]] = (),
-        lease_seconds: float | None = None,
-        wait_seconds: float | None = None,
+        self, fn: Callable[..., Any] | None = None, **keywords: Any
     ) -> EffectFunction[..., Any] | EffectDecorator:
         """Make ``fn`` a durable effect: ``@oo.effect``, ``@oo.effect(tool=...)`` or
         ``oo.effect(existing_callable)``. The options are ``EffectOptions``' fields (their
         meaning is documented there). Type checkers see the handler's own parameters and
         return type, and the ``openonce_tool``/``openonce_spec`` attributes
         (``EffectFunction``)."""
-        options = EffectOptions(
-            tool=tool,
-            idempotency_fields=idempotency_fields,
-            idempotency_key=idempotency_key,
-            max_attempts=max_attempts,
-            secret_fields=secret_fields,
-            business_errors=business_errors,
-            lease_seconds=lease_seconds,
-            wait_seconds=wait_seconds,
-        )
+        options = effect_options("effect", keywords)
         if fn is None:
 
             def decorate[**Q, T](handler: Callable[Q, T]) -> EffectFunction[Q, T]:

@@ -8,9 +8,13 @@ against the provider contract on every path; anything computed at runtime is rep
 as not provable instead of being guessed.
 
 Recognised declarations: ``@<anything>.effect``/``@<anything>.effect(...)``,
-``@effect_tool(...)`` and ``@effect_function_tool(...)``, with ``tool=`` a string
-literal or a simple module-level string constant (no ``tool=``: the function's name, as
-at runtime).
+``@effect_tool(...)`` and ``@effect_function_tool(...)``, and the same as calls on a
+function defined at the top of the module: ``<anything>.effect(fn, ...)``,
+``effect_tool(oo, fn, ...)``, ``effect_function_tool(oo, fn, ...)`` and
+``<anything>.declare(fn, EffectOptions(...))`` (the options written in the call, or a
+module-level name bound once to ``EffectOptions(...)``; any other options expression is
+reported as dynamic). ``tool=`` is a string literal or a simple module-level string
+constant (no ``tool=``: the function's name, as at runtime).
 """
 
 from __future__ import annotations
@@ -161,8 +165,19 @@ def scan_tree(path: str | os.PathLike[str]) -> ScanResult:
 def scan_module(module: ast.Module, filename: str) -> list[ScannedTool]:
     """The effect tools declared in one parsed module."""
     constants = _module_string_constants(module)
+    functions = {
+        node.name: node
+        for node in module.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    shared = _module_options(module)
     found: list[ScannedTool] = []
     for node in ast.walk(module):
+        if isinstance(node, ast.Call):
+            declared = _effect_call(node, functions, shared)
+            if declared is not None:
+                label, func, options, opaque = declared
+                found.append(_scan_handler(func, label, options, constants, filename, opaque))
         if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
         for decorator in node.decorator_list:
@@ -171,6 +186,59 @@ def scan_module(module: ast.Module, filename: str) -> list[ScannedTool]:
                 label, call = match
                 found.append(_scan_handler(node, label, call, constants, filename))
     return sorted(found, key=lambda t: t.line)
+
+
+type _Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _effect_call(
+    node: ast.Call, functions: Mapping[str, _Function], shared: Mapping[str, ast.Call]
+) -> tuple[str, _Function, ast.Call, ast.expr | None] | None:
+    """(label, handler, options call, opaque options) when ``node`` declares a module
+    function an effect by calling the decorator on it; None otherwise. ``opaque`` is an
+    options expression that cannot be read statically (the tool is then dynamic)."""
+    target = node.func
+    name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
+    handler_at = 1 if name in _ADAPTER_DECORATORS else 0
+    if name not in ("effect", "declare") and handler_at == 0:
+        return None
+    if name in ("effect", "declare") and not isinstance(target, ast.Attribute):
+        return None  # a bare effect(...) is no OpenOnce method
+    handler = node.args[handler_at] if len(node.args) > handler_at else None
+    func = functions.get(handler.id) if isinstance(handler, ast.Name) else None
+    if func is None:
+        return None
+    label = ast.unparse(target)
+    if name != "declare":
+        return label, func, node, None
+    options = node.args[1] if len(node.args) > 1 else _keyword(node, "options")
+    if isinstance(options, ast.Call) and _is_options_class(options.func):
+        return label, func, options, None
+    if isinstance(options, ast.Name) and options.id in shared:
+        return label, func, shared[options.id], None
+    return label, func, node, options if options is not None else node
+
+
+def _is_options_class(expr: ast.expr) -> bool:
+    last = expr.attr if isinstance(expr, ast.Attribute) else getattr(expr, "id", None)
+    return last == "EffectOptions"
+
+
+def _module_options(module: ast.Module) -> dict[str, ast.Call]:
+    """Names bound exactly once, at the top of the module, to ``EffectOptions(...)``:
+    options several tools share (``oo.declare(fn, SHARED)``)."""
+    values: dict[str, ast.Call] = {}
+    for stmt in module.body:
+        if (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name)
+            and isinstance(stmt.value, ast.Call)
+            and _is_options_class(stmt.value.func)
+        ):
+            values[stmt.targets[0].id] = stmt.value
+    bindings = Counter(_module_bindings(module))
+    return {name: value for name, value in values.items() if bindings[name] == 1}
 
 
 def _module_string_constants(module: ast.Module) -> dict[str, str]:
@@ -254,9 +322,14 @@ def _scan_handler(
     call: ast.Call | None,
     constants: Mapping[str, str],
     filename: str,
+    opaque: ast.expr | None = None,
 ) -> ScannedTool:
-    tool, source, expression = _tool_of(func, call, constants)
-    fields, fields_dynamic = _idempotency_fields(_keyword(call, "idempotency_fields"))
+    if opaque is None:
+        tool, source, expression = _tool_of(func, call, constants)
+        fields, fields_dynamic = _idempotency_fields(_keyword(call, "idempotency_fields"))
+    else:  # options computed at runtime: nothing about them can be proven
+        tool, source, expression = None, "dynamic", ast.unparse(opaque)
+        fields, fields_dynamic = None, True
     params = _parameters(func.args)
     return ScannedTool(
         file=filename,

@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Unpack, overload
 
@@ -51,7 +51,7 @@ from langchain_core.tools import StructuredTool, ToolException
 from langgraph.config import get_config
 from langgraph.types import interrupt
 
-from .._options import EffectKeywords, EffectOptions
+from .._options import EffectKeywords, EffectOptions, effect_options
 from .._runtime import OpenOnce
 from ..errors import (
     ApprovalPending,
@@ -95,17 +95,10 @@ def effect_tool(
     oo: OpenOnce,
     fn: Callable[..., Any] | None = None,
     *,
-    tool: str | None = None,
-    idempotency_fields: Sequence[str] | None = None,
-    idempotency_key: Callable[..., Any] | str | None = None,
-    max_attempts: int | None = None,
-    secret_fields: Sequence[str] = (),
-    business_errors: Sequence[type[BaseException]] = (),
-    lease_seconds: float | None = None,
-    wait_seconds: float | None = None,
     name: str | None = None,
     description: str | None = None,
     return_direct: bool = False,
+    **keywords: Any,
 ) -> StructuredTool | Callable[[Callable[..., Any]], StructuredTool]:
     """Make ``fn`` a durable effect (``tool`` names it in the ledger) and a LangChain
     ``StructuredTool`` (``name``, default the function's name, is what the model calls).
@@ -114,16 +107,7 @@ def effect_tool(
     (``effect_tool(oo, fn)``) or as a decorator (``@effect_tool(oo, tool=...)``). An async
     handler gives a tool for ``ainvoke``/``astream`` graphs.
     """
-    options = EffectOptions(
-        tool=tool,
-        idempotency_fields=idempotency_fields,
-        idempotency_key=idempotency_key,
-        max_attempts=max_attempts,
-        secret_fields=secret_fields,
-        business_errors=business_errors,
-        lease_seconds=lease_seconds,
-        wait_seconds=wait_seconds,
-    )
+    options = effect_options("effect_tool", keywords)
     if fn is None:
         return functools.partial(
             _structured_tool,

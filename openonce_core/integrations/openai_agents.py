@@ -51,7 +51,7 @@ from agents import FunctionTool, RunContextWrapper, function_tool
 from agents.tool_context import ToolContext
 
 from .._context import current_scope
-from .._options import EffectOptions
+from .._options import EffectOptions, split_options
 from .._runtime import OpenOnce
 from ..errors import OpenOnceError, ScopeRequiredError
 from ._signals import STOPS, as_text, signal_for
@@ -118,16 +118,8 @@ def effect_function_tool(
     oo: OpenOnce,
     fn: Callable[..., Any] | None = None,
     *,
-    tool: str | None = None,
-    idempotency_fields: Sequence[str] | None = None,
-    idempotency_key: Callable[..., Any] | str | None = None,
-    max_attempts: int | None = None,
-    secret_fields: Sequence[str] = (),
-    business_errors: Sequence[type[BaseException]] = (),
-    lease_seconds: float | None = None,
-    wait_seconds: float | None = None,
     dedup: Dedup = "scope",
-    **function_tool_options: Any,
+    **keywords: Any,
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Make ``fn`` a durable effect (``tool`` names it in the ledger) and an Agents SDK
     ``FunctionTool`` (named after the function unless ``name_override=`` says otherwise).
@@ -137,16 +129,7 @@ def effect_function_tool(
     ``timeout``, ...). The handler takes the tool's arguments only; inside it
     ``current_effect()`` works.
     """
-    options = EffectOptions(
-        tool=tool,
-        idempotency_fields=idempotency_fields,
-        idempotency_key=idempotency_key,
-        max_attempts=max_attempts,
-        secret_fields=secret_fields,
-        business_errors=business_errors,
-        lease_seconds=lease_seconds,
-        wait_seconds=wait_seconds,
-    )
+    options, function_tool_options = split_options(keywords)
     if dedup not in ("scope", "call"):
         raise ValueError(f"dedup must be 'scope' or 'call', not {dedup!r}")
     if fn is None:

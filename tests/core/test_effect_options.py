@@ -35,12 +35,15 @@ def _decorator(name: str) -> Callable[..., Any]:
 
 
 def _signatures(name: str) -> list[Callable[..., Any]]:
-    """The implementation and every overload of a decorator."""
+    """Every overload of a decorator: the signatures type checkers see (the
+    implementation takes ``**keywords`` and turns them into EffectOptions at once)."""
     if name == "oo.effect":
         function: Callable[..., Any] = OpenOnce.effect
     else:
         function = _decorator(name)
-    return [function, *typing.get_overloads(function)]
+    overloads = typing.get_overloads(function)
+    assert overloads, f"{name} has no typed overloads"
+    return overloads
 
 
 DECORATORS = ["oo.effect", "effect_tool", "effect_function_tool"]
@@ -111,6 +114,26 @@ def test_the_integrations_refuse_a_bad_option_as_oo_effect_does(name, options):
         assert _refusal(name, oo, options) == expected
     finally:
         oo.close()
+
+
+@pytest.mark.parametrize("name", DECORATORS)
+def test_every_decorator_names_a_stray_option_and_the_options_there_are(name):
+    def refund(charge: str) -> str:
+        """Refund a charge."""
+        return charge
+
+    with OpenOnce(":memory:") as oo:
+        if name == "effect_function_tool":
+            # Its other keywords go to the SDK's function_tool, which refuses them.
+            with pytest.raises(TypeError, match="idempotency_feilds"):
+                _decorator(name)(oo, refund, idempotency_feilds=["charge"])
+            return
+        with pytest.raises(TypeError) as stray:
+            _decorator(name)(oo, refund, idempotency_feilds=["charge"])
+        assert "'idempotency_feilds'" in str(stray.value)
+        assert "idempotency_fields" in str(stray.value)  # the options there are
+        with pytest.raises(TypeError):
+            _decorator(name)(oo, idempotency_feilds=["charge"])
 
 
 @pytest.mark.parametrize("name", DECORATORS)

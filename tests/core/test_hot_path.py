@@ -117,6 +117,31 @@ def test_a_replay_on_sqlite_is_one_read_and_no_write(tmp_path):
     oo.close()
 
 
+def test_an_unsettled_known_key_is_read_once_on_its_way_to_the_long_path(tmp_path):
+    # The lean read found an UNKNOWN effect: the long way decides on that same read.
+    store = SQLiteStore(str(tmp_path / "ledger.db"))
+    store.migrate()
+    oo = _ledger(store)
+
+    @oo.effect(tool="pay", idempotency_key=lambda order: order)
+    def pay(order: str) -> None:
+        raise TimeoutError("the provider did not answer")
+
+    with pytest.raises(OutcomeUnknownError):
+        pay("o1")
+    seen: list[str] = []
+    conn = store._conn()
+    conn.set_trace_callback(seen.append)
+    try:
+        with pytest.raises(OutcomeUnknownError):
+            pay("o1")
+    finally:
+        conn.set_trace_callback(None)
+    replay_reads = [q for q in seen if q.startswith("SELECT id, state, args_fingerprint")]
+    assert len(replay_reads) == 1, seen
+    oo.close()
+
+
 # -- the JSON helpers ------------------------------------------------------------------------
 
 VALUES: list[Any] = [

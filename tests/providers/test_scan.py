@@ -108,6 +108,61 @@ def test_finds_every_supported_declaration(tmp_path):
     ]
 
 
+def test_finds_effects_declared_by_calls_on_module_functions(tmp_path):
+    write(
+        tmp_path,
+        "calls.py",
+        """
+        import openonce
+        from openonce import EffectOptions
+        from openonce.integrations.langgraph import effect_tool
+
+        oo = openonce.OpenOnce("openonce.db")
+        SHARED = EffectOptions(tool="stripe.refund", idempotency_fields=["charge"])
+
+        def charge(amount_cents: int) -> dict:
+            return {"stripe_id": "pi_1"}
+
+        def refund(charge: str) -> dict:
+            return {"stripe_id": "re_1"}
+
+        def refund_again(charge: str) -> dict:
+            return {"stripe_id": "re_2"}
+
+        def mail(to: str) -> dict:
+            return {"message_id": "<m@x>"}
+
+        def open_pr(owner, repo, head):
+            return {"number": 1}
+
+        def computed(x): ...
+
+        charged = oo.declare(charge, EffectOptions(tool="stripe.charge"))
+        refunded = oo.declare(refund, SHARED)
+        again = oo.declare(refund_again, options=openonce.EffectOptions(tool="stripe.refund"))
+        mailed = oo.effect(mail, tool="email.send")
+        pr = effect_tool(oo, open_pr, tool="github.create_pr", idempotency_fields=["owner"])
+        dynamic = oo.declare(computed, options_for("x"))
+        not_ours = effect(mail)
+        imported = oo.declare(somewhere_else, SHARED)
+        """,
+    )
+    result = scan_tree(tmp_path)
+    found = [(t.function, t.tool, t.decorator) for t in result.tools]
+    assert sorted(found) == sorted([
+        ("charge", "stripe.charge", "oo.declare"),
+        ("refund", "stripe.refund", "oo.declare"),
+        ("refund_again", "stripe.refund", "oo.declare"),
+        ("mail", "email.send", "oo.effect"),
+        ("open_pr", "github.create_pr", "effect_tool"),
+        ("computed", None, "oo.declare"),
+    ])  # fmt: skip
+    refund = next(t for t in result.tools if t.function == "refund")
+    assert refund.idempotency_fields == ("charge",)
+    [dynamic] = result.unauditable
+    assert dynamic.tool_expression == "options_for('x')" and dynamic.idempotency_fields_dynamic
+
+
 def test_dynamic_tool_expressions_are_unauditable(tmp_path):
     write(
         tmp_path,
