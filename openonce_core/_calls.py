@@ -59,13 +59,14 @@ from .errors import (
     IdempotencyMismatchError,
     IllegalTransitionError,
     LeaseLostError,
+    LedgerUnavailableError,
     LedgerWriteError,
     OpenOnceError,
     OutcomeUnknownError,
     ReceiptContractError,
     ResultUnavailableError,
 )
-from .stores.base import Store
+from .stores.base import Store, ledger_errors
 from .stores.sql import ReplayRow
 
 S = EffectState
@@ -118,7 +119,10 @@ class CallPath:
             # The replay path, kept lean: a key this process saw is most likely a duplicate
             # of a settled effect. One read; anything else (no row, not settled, another
             # call's arguments) goes the whole way below, which decides on the same read.
-            row = self.store.find_replay(call.tool, call.key)
+            try:
+                row = self.store.find_replay(call.tool, call.key)
+            except ledger_errors(self.store) as exc:
+                raise LedgerUnavailableError(call.tool, _cause(exc)) from exc
             if (
                 row is not None
                 and row.state in _SETTLED
@@ -162,40 +166,47 @@ class CallPath:
         context: contextvars.Context | None,
         read: tuple[ReplayRow | None] | None = None,
     ) -> Any:
+        try:
+            found = self._acquire(call, trace, read)
+        except ledger_errors(self.store) as exc:
+            raise LedgerUnavailableError(call.tool, _cause(exc)) from exc
+        if isinstance(found, ReplayRow):
+            trace.outcome = "replayed"
+            return self._replay(found)
+        trace.effect_id, trace.attempt, trace.outcome = found.id, found.attempt, "executed"
+        return self._run(call, found, trace, loop, context)
+
+    def _acquire(
+        self, call: Call, trace: _Trace, read: tuple[ReplayRow | None] | None
+    ) -> Effect | ReplayRow:
+        """The effect this call runs (claimed, fenced to us), or the row to replay; raises
+        for every refusal. Nothing has been sent yet, whatever it raises."""
         deadline: float | None = None
         while True:
             claimed, row = self._claim_or_find(call, read)
             read = None  # a second pass reads again
-            if claimed is None and row is None:
+            if claimed is not None:
+                return claimed
+            if row is None:
                 self._refuse_archived(call)
                 continue  # another caller's insert we could not see yet: read again
-            if claimed is None:
-                assert row is not None
-                self._remember((call.tool, call.key))
-                trace.effect_id = row.id
-                if (
-                    call.spec.idempotency_key is not None
-                    and row.args_fingerprint != call.fingerprint
-                ):
-                    raise IdempotencyMismatchError(row.id, call.tool)
-                if row.state in _SETTLED:
-                    trace.outcome = "replayed"
-                    return self._replay(row)
-                effect = self.store.get(row.id)
-                if effect is None:
-                    continue
-                if deadline is None:
-                    # On monotonic time: a step of the clock neither ends nor stretches it.
-                    deadline = monotonic_of(self.clock) + call.spec.wait_seconds
-                decided = self._decide_existing(call, effect, deadline)
-                if decided is _REPLAY:
-                    trace.outcome = "replayed"
-                    return self._replay(_replay_row(effect))
-                if not isinstance(decided, Effect):
-                    continue
-                claimed = decided
-            trace.effect_id, trace.attempt, trace.outcome = claimed.id, claimed.attempt, "executed"
-            return self._run(call, claimed, trace, loop, context)
+            self._remember((call.tool, call.key))
+            trace.effect_id = row.id
+            if call.spec.idempotency_key is not None and row.args_fingerprint != call.fingerprint:
+                raise IdempotencyMismatchError(row.id, call.tool)
+            if row.state in _SETTLED:
+                return row
+            effect = self.store.get(row.id)
+            if effect is None:
+                continue
+            if deadline is None:
+                # On monotonic time: a step of the clock neither ends nor stretches it.
+                deadline = monotonic_of(self.clock) + call.spec.wait_seconds
+            decided = self._decide_existing(call, effect, deadline)
+            if decided is _REPLAY:
+                return _replay_row(effect)
+            if isinstance(decided, Effect):
+                return decided
 
     def _claim_or_find(
         self, call: Call, read: tuple[ReplayRow | None] | None = None
@@ -816,3 +827,9 @@ def _outcome_of(exc: BaseException) -> str:
     if isinstance(exc, OpenOnceError):
         return "refused"
     return "failed"
+
+
+def _cause(exc: BaseException) -> str:
+    """A database error in one line: its class and the first line of its message."""
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -25,7 +25,8 @@ answer before it goes on: is the world as it was before, or may the effect be ou
     │   │   └── ApprovalExpired          an approval expired before the call ran (fail closed)
     │   ├── ApprovalDenied               a person denied it; the call never runs
     │   ├── EffectCancelled              a person cancelled it; the call never runs
-    │   └── HandlerNotStartedError       the handler never began (its loop closed): call again
+    │   ├── HandlerNotStartedError       the handler never began (its loop closed): call again
+    │   └── LedgerUnavailableError       the ledger could not be reached before the handler ran
     ├── MayHaveRunError              the effect may have happened, or did: do not make it again
     │   ├── OutcomeUnknownError          it may have happened; a probe or a person settles it
     │   ├── EffectInFlightError          another caller is running it right now; look later
@@ -438,6 +439,21 @@ class HandlerNotStartedError(NothingRanError, RuntimeError):
         self.effect_id = effect_id
         self.detail = detail
         super().__init__(f"effect {effect_id}: the handler never started ({detail}); call again")
+
+
+class LedgerUnavailableError(NothingRanError):
+    """The ledger could not be read or written before the handler ran (the database down
+    or restarting, a dropped connection, a lock or pool wait that timed out): nothing was
+    sent. Call again once the ledger answers; if the claim did reach the ledger before the
+    connection dropped, that call finds it and waits for it or replays."""
+
+    def __init__(self, tool: str, cause: str) -> None:
+        self.tool = tool
+        self.cause = cause
+        super().__init__(
+            f"{tool}: the ledger could not be reached before the handler ran ({cause});"
+            " nothing was sent: call again once the ledger answers"
+        )
 
 
 class SchemaVersionError(OpenOnceError):

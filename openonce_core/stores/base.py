@@ -25,6 +25,10 @@ from .sql import Cutoff, ReplayRow
 class Store(Protocol):
     dialect: str  # "memory", "sqlite" or "postgres"
     clock: Clock  # the ledger's time source (the database's clock on Postgres)
+    # What the store raises when the ledger cannot be reached or written right now (the
+    # database down, a dropped connection, a lock or pool wait that timed out), as opposed
+    # to a refusal of the data. Before a handler runs, these become LedgerUnavailableError.
+    unavailable: tuple[type[BaseException], ...]
 
     def migrate(self) -> int: ...
     def schema_version(self) -> int: ...
@@ -124,6 +128,11 @@ class Store(Protocol):
 
     def watch(self, effect_id: str) -> Watch: ...
     def close(self) -> None: ...
+
+
+def ledger_errors(store: Any) -> tuple[type[BaseException], ...]:
+    """``store.unavailable``, or nothing for a store that does not say."""
+    return getattr(store, "unavailable", ())
 
 
 class Watch:

@@ -212,6 +212,8 @@ class _Local(threading.local):
 
 class SQLiteStore(sql.SQLStore):
     dialect = "sqlite"
+    # A locked, missing, full or unreadable database file; not a constraint or data error.
+    unavailable: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)
 
     def __init__(
         self,

@@ -68,6 +68,7 @@ EXAMPLES: list[BaseException] = [
     E.LedgerWriteError(EFFECT, "returned", {"id": "re_1"}, "OperationalError('gone')"),
     E.LeaseLostError(EFFECT, "failed", ValueError("declined"), "a newer owner holds it"),
     E.HandlerNotStartedError(EFFECT, "the event loop is closed"),
+    E.LedgerUnavailableError("stripe.refund", "OperationalError: the server closed the connection"),
     E.SchemaVersionError("the ledger schema is v6, this code knows v5"),
     E.ConfigurationError("secret_fields need a pepper"),
     E.WiringError("probers: no module named 'acme'"),
