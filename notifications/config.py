@@ -9,7 +9,10 @@ Each channel::
      "to": ["oncall@example.com"],       # email
      "tools": ["stripe.*"],              # tool globs (default: every tool)
      "events": ["requires_approval", "human_review"],   # (default: both)
-     "allow_private": false}             # webhook and slack: may go inside (default no)
+     "allow_private": false,             # webhook and slack: may go inside (default no)
+     "digest": "5m"}                     # one message per interval listing what waits:
+                                         # seconds, or "90s", "5m", "1h" (default: one
+                                         # message per event)
 
 A malformed channel stops the notifier with ImproperlyConfigured naming it, rather than
 silently notifying nobody. So does a URL the notifier would refuse to send to
@@ -37,7 +40,13 @@ from . import destinations
 
 EVENTS = ("requires_approval", "human_review")
 KINDS = ("webhook", "slack", "email")
-KEYS = ("name", "kind", "url", "secret", "secret_env", "to", "tools", "events", "allow_private")
+KEYS = (
+    "name", "kind", "url", "secret", "secret_env", "to", "tools", "events", "allow_private",
+    "digest",
+)  # fmt: skip
+DIGEST_UNITS = {"s": 1, "m": 60, "h": 3600}
+DIGEST_SHORTEST = 1.0  # seconds
+DIGEST_LONGEST = 86400.0
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,7 @@ class Channel:
     tools: tuple[str, ...] = ("*",)
     events: tuple[str, ...] = EVENTS
     allow_private: bool = False  # may send to loopback and private addresses
+    digest: float | None = None  # seconds per digest; None: one message per event
 
     def wants(self, tool: str, event: str) -> bool:
         return event in self.events and any(fnmatch.fnmatchcase(tool, p) for p in self.tools)
@@ -111,9 +121,10 @@ def _channel(item: Any, i: int) -> Channel:
     bad = sorted(set(events) - set(EVENTS))
     if bad:
         raise ImproperlyConfigured(f"{where}.events: unknown {bad}; known: {list(EVENTS)}")
+    digest = _digest(item.get("digest"), f"{where}.digest")
     if kind == "email":
         to = _strings(item.get("to"), f"{where}.to")
-        return Channel(name, kind, to=to, tools=tools, events=events)
+        return Channel(name, kind, to=to, tools=tools, events=events, digest=digest)
     allow_private = item.get("allow_private", False)
     if not isinstance(allow_private, bool):
         raise ImproperlyConfigured(f"{where}.allow_private: true or false")
@@ -145,8 +156,31 @@ def _channel(item: Any, i: int) -> Channel:
             )
     return Channel(
         name, kind, url=url, secret=secret, tools=tools, events=events,
-        allow_private=allow_private,
+        allow_private=allow_private, digest=digest,
     )  # fmt: skip
+
+
+def _digest(value: Any, where: str) -> float | None:
+    """Seconds (a number, or text: ``"300"``, ``"90s"``, ``"5m"``, ``"1h"``), or None."""
+    if value is None:
+        return None
+    seconds: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and value.strip():
+        text = value.strip().lower()
+        unit = DIGEST_UNITS.get(text[-1])
+        number = text[:-1] if unit else text
+        try:
+            seconds = float(number) * (unit or 1)
+        except ValueError:
+            seconds = None
+    if seconds is None or not DIGEST_SHORTEST <= seconds <= DIGEST_LONGEST:
+        raise ImproperlyConfigured(
+            f"{where}: an interval from {DIGEST_SHORTEST:g} s to a day, in seconds or as"
+            f' "90s", "5m", "1h" (leave it out for one message per event), not {value!r:.40}'
+        )
+    return seconds
 
 
 def _strings(value: Any, where: str) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ CHUNK = 500
 FIELDS = (
     "id", "effect_id", "journal_seq", "event", "tool", "channel", "kind", "destination",
     "status", "attempts", "next_attempt_at", "claimed_until", "last_error", "last_status",
-    "created_at", "sent_at",
+    "created_at", "sent_at", "failures",
 )  # fmt: skip
 
 

@@ -92,6 +92,85 @@ class Message:
             link=shown(self.link),
         )
 
+    @property
+    def delivery_header(self) -> str:
+        return str(self.delivery_id)
+
+
+@dataclass(frozen=True)
+class DigestItem:
+    effect_id: str
+    tool: str
+    event: str
+    amount: str  # "25.00 USD", or "" when the call has no amount
+    link: str
+    at: float  # when the delivery was owed
+
+
+@dataclass(frozen=True)
+class DigestMessage:
+    """One message for a channel's interval: how many wait, the first few, and how many
+    more (``more``), with a link to the queue."""
+
+    digest_id: int
+    channel: str
+    count: int
+    items: tuple[DigestItem, ...]
+    link: str  # the console's queue
+    at: float  # when the digest was claimed
+
+    @property
+    def more(self) -> int:
+        return max(0, self.count - len(self.items))
+
+    @property
+    def headline(self) -> str:
+        effects = "1 effect waits" if self.count == 1 else f"{self.count} effects wait"
+        return f"{effects} for a person"
+
+    @property
+    def delivery_header(self) -> str:
+        return f"digest-{self.digest_id}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": "digest",
+            "digest_id": self.digest_id,
+            "channel": self.channel,
+            "count": self.count,
+            "effects": [
+                {
+                    "effect_id": i.effect_id,
+                    "tool": i.tool,
+                    "state": i.event,
+                    "amount": i.amount,
+                    "link": i.link,
+                    "at": i.at,
+                }
+                for i in self.items
+            ],
+            "more": self.more,
+            "link": self.link,
+            "at": self.at,
+        }
+
+    def outgoing(self) -> DigestMessage:
+        """Hidden characters in every text written out, as for one message."""
+        items = tuple(
+            dataclasses.replace(
+                i,
+                effect_id=shown(i.effect_id),
+                tool=shown(i.tool),
+                event=shown(i.event),
+                amount=shown(i.amount),
+                link=shown(i.link),
+            )
+            for i in self.items
+        )
+        return dataclasses.replace(
+            self, channel=shown(self.channel), items=items, link=shown(self.link)
+        )
+
 
 def shown(text: str) -> str:
     """``text`` with every hidden character (``openonce_core._textsafe``, the console's and
@@ -118,7 +197,8 @@ def signature(secret: str, timestamp: int, body: bytes) -> str:
     return f"t={timestamp},v1={mac.hexdigest()}"
 
 
-def send(channel: Channel, message: Message, now: float) -> Outcome:
+def send(channel: Channel, message: Message | DigestMessage, now: float) -> Outcome:
+    """One attempt: a webhook signed, Slack's incoming-webhook JSON, or a mail."""
     message = message.outgoing()
     if channel.kind == "email":
         return _email(channel, message)
@@ -128,15 +208,23 @@ def send(channel: Channel, message: Message, now: float) -> Outcome:
     body = json.dumps(message.to_json(), sort_keys=True).encode()
     headers = {
         "OpenOnce-Signature": signature(channel.secret, int(now), body),
-        "OpenOnce-Delivery": str(message.delivery_id),
+        "OpenOnce-Delivery": message.delivery_header,
     }
     return _post(channel, body, headers)
 
 
-def _slack(message: Message) -> dict[str, Any]:
+def _slack(message: Message | DigestMessage) -> dict[str, Any]:
     def esc(text: str) -> str:  # Slack's mrkdwn: these three are control characters
         return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
+    if isinstance(message, DigestMessage):
+        lines = [f"*{esc(message.headline)}*"]
+        for item in message.items:
+            amount = f" {esc(item.amount)}" if item.amount else ""
+            lines.append(f"• {esc(item.tool)}{amount}: <{item.link}|{item.effect_id}>")
+        if message.more:
+            lines.append(f"and {message.more} more: <{message.link}|Open the queue>")
+        return {"text": "\n".join(lines), "unfurl_links": False}
     reason = f"\n{esc(message.reason)}" if message.reason else ""
     text = f"*{esc(message.headline)}*{reason}\n<{message.link}|Open {message.effect_id}>"
     return {"text": text, "unfurl_links": False}
@@ -239,8 +327,18 @@ def _connection(parts: SplitResult, address: str) -> http.client.HTTPConnection:
     return connection
 
 
-def _email(channel: Channel, message: Message) -> Outcome:
-    body = f"{message.headline}.\n\n{message.reason}\n\nOpen it in the console: {message.link}\n"
+def _email(channel: Channel, message: Message | DigestMessage) -> Outcome:
+    if isinstance(message, DigestMessage):
+        listed = "".join(
+            f"* {item.tool}{' ' + item.amount if item.amount else ''}: {item.link}\n"
+            for item in message.items
+        )
+        more = f"and {message.more} more.\n" if message.more else ""
+        body = f"{message.headline}.\n\n{listed}{more}\nThe queue: {message.link}\n"
+    else:
+        body = (
+            f"{message.headline}.\n\n{message.reason}\n\nOpen it in the console: {message.link}\n"
+        )
     subject = " ".join(message.headline.split())  # a header: no line breaks
     try:
         send_mail(

@@ -38,17 +38,21 @@ PG_INDEXES = {
     "openonce_effects": ("openonce_effects_pkey", "openonce_effects_id_prefix"),  # by id
     # Its key, or the key's text_pattern_ops twin Django adds to a CharField key.
     "notifications_journalcursor": ("notifications_journalcursor_pkey", "_name_"),
-    "notifications_delivery": ("delivery_due", "notifications_delivery_pkey", "delivery_once"),
-}
+    "notifications_delivery": (
+        "delivery_due", "notifications_delivery_pkey", "delivery_once", "delivery_digest_waiting",
+        "delivery_digest",
+    ),
+    "notifications_digest": ("digest_due", "notifications_digest_pkey", "digest_once"),
+}  # fmt: skip
 
 
 # -- what the notifier sends (run in this process on Postgres, in a subprocess on SQLite) --
 
 
-def channel(url: str) -> Any:
+def channel(url: str, **more: Any) -> Any:
     return override_settings(
         OPENONCE_NOTIFY=json.dumps(
-            [{"name": "hook", "kind": "webhook", "url": url + "/hook", "secret": SECRET}]
+            [{"name": "hook", "kind": "webhook", "url": url + "/hook", "secret": SECRET, **more}]
         ),
         OPENONCE_CONSOLE_URL="https://console.test",
         OPENONCE_NOTIFY_ALLOW_PRIVATE=True,  # the receiver listens on 127.0.0.1
@@ -157,7 +161,13 @@ def observe(url: str, later: float) -> dict[str, Any]:
     JournalCursor.objects.all().delete()  # a first run, with a channel
     with channel(url):
         seen["first"] = captured(lambda: dispatch.tick(now=later))
-    statements = {sql for key in ("idle_first", "idle", "on", "busy", "first") for sql in seen[key]}
+    with channel(url, digest=1):  # a digest: owed, then claimed and sent a second later
+        waiting_effects(1)  # one: the plans of a burst's statements are the same
+        seen["digest_owed"] = captured(lambda: dispatch.tick(now=later))
+        seen["digest_sent"] = captured(lambda: reports.append(dispatch.tick(now=later + 2)))
+    seen["digest_report"] = [reports[-1].owed, reports[-1].sent]
+    phases = ("idle_first", "idle", "on", "busy", "first", "digest_owed", "digest_sent")
+    statements = {sql for key in phases for sql in seen[key]}
     seen["plans"] = {sql: explain(sql) for sql in statements}
     return seen
 
@@ -230,18 +240,30 @@ def table_of(sql: str) -> str:
 def assert_indexed(vendor: str, sql: str, plan: str) -> None:
     if vendor == "sqlite":
         lines = [line.strip() for line in plan.splitlines()]
-        scans = [line for line in lines if line.startswith("SCAN") or "TEMP B-TREE" in line]
+        scans = [
+            line
+            for line in lines
+            if (line.startswith("SCAN") and "INDEX delivery_digest_waiting" not in line)
+            or "TEMP B-TREE" in line
+        ]
         assert scans == [], f"{sql}\n{plan}"
         return
     # An index walked end to end (for its order, or to filter every entry) is a scan
     # too: each index node must have a range or an equality to start from.
-    # Only delivery_due may be walked whole: it holds the pending deliveries alone.
+    # Only delivery_due, digest_due and delivery_digest_waiting may be walked whole: they
+    # hold what is pending or waits for a digest, and nothing else.
     nodes = re.split(r"\n\s*->", plan)
     walks = [
         n
         for n in nodes
         if "Seq Scan" in n
-        or ("Index" in n and "Index Cond" not in n and "using delivery_due " not in n)
+        or (
+            "Index" in n
+            and "Index Cond" not in n
+            and "using delivery_due " not in n
+            and "using digest_due " not in n
+            and "using delivery_digest_waiting " not in n
+        )
     ]
     assert walks == [], f"{sql}\n{plan}"
     if sql.startswith("INSERT"):
@@ -285,11 +307,41 @@ def test_a_message_reads_its_one_line_by_the_journal_key(seen: dict[str, Any]) -
             assert "USING INTEGER PRIMARY KEY (rowid=?)" in plan, plan
 
 
+def test_a_digest_is_claimed_and_sent_through_its_indexes(seen: dict[str, Any]) -> None:
+    """The waiting deliveries by delivery_digest_waiting (channel, created_at), the claim
+    an insert checked by digest_once, the digest's deliveries by its key's index."""
+    assert seen["digest_report"] == [0, 1]  # the waiting refund: one message
+    sent = seen["digest_sent"]
+    waiting = [sql for sql in sent if "\"status\" = 'digest'" in sql and "UPDATE" not in sql]
+    assert waiting and all("delivery_digest_waiting" in seen["plans"][sql] for sql in waiting)
+    assert any(sql.startswith('INSERT INTO "notifications_digest"') for sql in sent)
+    # Its list, and its outcome written to its deliveries (not the claim's SET digest_id).
+    listed = [sql for sql in sent if 'WHERE "notifications_delivery"."digest_id" =' in sql]
+    assert len(listed) == 2
+    assert all("delivery_digest " in seen["plans"][sql] for sql in listed)
+
+
+def test_what_waits_for_a_digest_no_longer_configured_is_found_by_its_index(
+    seen: dict[str, Any],
+) -> None:
+    """Every tick hands back what waits for a digest its channel no longer has: an
+    update through delivery_digest_waiting, which holds only what waits, never a walk
+    of the deliveries."""
+    release = [
+        sql for sql in seen["plans"]
+        if sql.startswith("UPDATE") and '"status" = \'digest\'' in sql and "created_at" not in sql
+    ]  # fmt: skip
+    assert release
+    for sql in release:
+        assert "delivery_digest_waiting" in seen["plans"][sql], seen["plans"][sql]
+
+
 def test_the_due_deliveries_are_read_through_delivery_due(seen: dict[str, Any]) -> None:
     due = [sql for sql in seen["plans"] if '"next_attempt_at" <=' in sql]
-    assert due
+    assert {table_of(sql) for sql in due} == {"notifications_delivery", "notifications_digest"}
     for sql in due:
-        assert "delivery_due" in seen["plans"][sql]
+        index = "delivery_due" if table_of(sql) == "notifications_delivery" else "digest_due"
+        assert index in seen["plans"][sql]
 
 
 # -- no channel ----------------------------------------------------------------------------
