@@ -56,6 +56,12 @@ DECISION_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
+def is_stale(exc: Exception) -> bool:
+    """Refused because the effect is no longer as the page showed it (its fence moved, or
+    its state no longer allows the decision): the page should be reloaded."""
+    return isinstance(exc, IllegalTransitionError)
+
+
 @dataclass(frozen=True)
 class Action:
     name: str  # as in the URL

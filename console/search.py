@@ -6,8 +6,15 @@
   an object) — argument values: ``1``, ``true``, ``null`` and ``"quoted"`` are JSON,
   anything else is a string;
 * ``id:``, ``key:``, ``scope:``, ``tool:`` or ``arg:`` in front says which, explicitly;
-* anything else — an idempotency key or scope (run id) prefix, an effect id prefix, or
-  an exact tool name, whichever matches.
+  ``state:unknown`` keeps one state; several such terms, space separated, must all
+  match (``state:unknown tool:stripe.*``);
+* anything else — an idempotency key or scope (run id) prefix, an effect id prefix
+  (with or without ``eff_``: a pasted id often loses it), or an exact tool name,
+  whichever matches.
+
+An argument value that looks like a number but is not an integer (``amount=12.5``) is
+refused, not searched as text: amounts are integers of minor units, and a silent string
+search would find nothing and look like an answer.
 
 Parsing never touches the database; ``SearchError`` says what is wrong with a query.
 """
@@ -19,13 +26,23 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from openonce_core._states import EffectState
+
 MAX_QUERY = 500
 MAX_TERMS = 8
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)*$")
 _ID = re.compile(r"^eff_[0-9a-f]{1,32}$")
 _GLOB_CHARS = set("*?[")
-_KINDS = ("id", "key", "scope", "tool", "arg")
+_KINDS = ("id", "key", "scope", "tool", "arg", "state")
+# Terms that combine: ``arg:`` takes the rest of the line, so it only comes alone.
+_COMBINABLE = ("id", "key", "scope", "tool", "state")
+# An effect id's hex without its ``eff_``: at least 8 digits, so a short word is not one.
+_BARE_ID = re.compile(r"^[0-9a-f]{8,32}$")
+# A number with a fraction (12345.5, -3., .5): an amount written in major units, or a
+# typo. 007 and 1.2.3 stay text (a zip code, a version).
+_FRACTION = re.compile(r"^-?(?:[0-9]+\.[0-9]*|\.[0-9]+)$")
+_STATES = tuple(s.value for s in EffectState)
 _UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
 
 
@@ -35,11 +52,21 @@ class SearchError(ValueError):
 
 @dataclass(frozen=True)
 class Search:
-    kind: str  # id, key, scope, tool, arg or any
-    text: str  # the prefix, glob or token searched for
+    kind: str  # id, key, scope, tool, arg, state, all (every one of ``terms``) or any
+    text: str  # the prefix, glob, state or token searched for
     args: dict[str, Any] = field(default_factory=dict)  # for kind "arg": a JSON object
+    terms: tuple[Search, ...] = ()  # for kind "all"
+
+    @property
+    def bare_id(self) -> str | None:
+        """``eff_`` + the text, when an "any" search could be an id pasted without it."""
+        return "eff_" + self.text if self.kind == "any" and _BARE_ID.match(self.text) else None
 
     def describe(self) -> str:
+        if self.kind == "all":
+            return " and ".join(t.describe() for t in self.terms)
+        if self.kind == "state":
+            return f"state {self.text}"
         if self.kind == "id":
             return f"effect id starting with {self.text}"
         if self.kind == "key":
@@ -50,6 +77,11 @@ class Search:
             return f"tool matching {self.text}"
         if self.kind == "arg":
             return "arguments containing " + json.dumps(self.args, ensure_ascii=False)
+        if self.bare_id:
+            return (
+                f"id, key or scope starting with {self.text} (or id {self.bare_id}),"
+                f" or tool {self.text}"
+            )
         return f"id, key or scope starting with {self.text}, or tool {self.text}"
 
 
@@ -63,6 +95,9 @@ def parse(query: str) -> Search | None:
     if any(ord(c) < 32 or c == "\x7f" for c in text):
         raise SearchError("A search cannot contain control characters.")
     kind, sep, rest = text.partition(":")
+    words = text.split()
+    if len(words) > 1 and all(_is_term(w) for w in words):
+        return _all_of(words)
     if sep and kind in _KINDS and rest.strip():
         return _explicit(kind, rest.strip())
     if _ID.match(text):
@@ -77,7 +112,34 @@ def parse(query: str) -> Search | None:
 def _explicit(kind: str, text: str) -> Search:
     if kind == "arg":
         return Search("arg", text, _arguments(text))
+    if kind == "state":
+        return Search("state", _state(text))
     return Search(kind, text)
+
+
+def _state(text: str) -> str:
+    state = text.strip().lower().replace(" ", "_")
+    if state not in _STATES:
+        raise SearchError(f"{text!r} is not a state; write state: and one of {', '.join(_STATES)}")
+    return state
+
+
+def _is_term(word: str) -> bool:
+    kind, sep, rest = word.partition(":")
+    return bool(sep and rest) and kind in _COMBINABLE
+
+
+def _all_of(words: list[str]) -> Search:
+    """``state:unknown tool:stripe.*``: every term must match."""
+    if len(words) > MAX_TERMS:
+        raise SearchError(f"Search at most {MAX_TERMS} terms at once.")
+    terms: list[Search] = []
+    for word in words:
+        kind, _, rest = word.partition(":")
+        if any(t.kind == kind for t in terms):
+            raise SearchError(f"{kind}: is searched twice")
+        terms.append(_explicit(kind, rest))
+    return Search("all", " ".join(words), terms=tuple(terms))
 
 
 def _arguments(text: str) -> dict[str, Any]:
@@ -119,4 +181,9 @@ def _value(raw: str) -> Any:
         return value
     if re.fullmatch(r"-?(?:0|[1-9][0-9]{0,17})", raw):
         return int(raw)  # integers only: amounts are minor units, floats are refused
+    if _FRACTION.match(raw):
+        raise SearchError(
+            f"{raw!r} is not a whole number: amounts are integers of minor units (12345 for"
+            f' 123.45). Write an integer, or "{raw}" in quotes to search for that text.'
+        )
     return raw

@@ -23,8 +23,11 @@ from ledger.clients import get_grace, get_openonce, get_reconciler
 from ledger.models import Approval, Effect, JournalEntry
 from openonce_core._due import count_overdue_unknown, overdue_unknown
 from openonce_core._providers import TIERS, Capability, readiness_problems
+from openonce_core._redact import redact_text
 from openonce_core._states import TERMINAL, EffectState
+from reconciler import queue as dispatch_queue
 from reconciler.health import Health, reconciler_health
+from reconciler.probes import statuses_by_provider, tallies_by_tool
 
 from .context import Fact, Requester, Verdict, amounts, customer, probe_verdict, requester
 from .search import Search
@@ -229,6 +232,11 @@ class EffectPage:
     next_cursor: str | None  # older rows start after this one
     prev_cursor: str | None = None  # newer rows start before this one
     total: Count = field(default_factory=lambda: Count(0))
+    first: int = 0  # the position of the first row shown, counted from the newest (1-based)
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.effects) - 1 if self.effects else 0
 
 
 def effect_page(
@@ -261,7 +269,18 @@ def effect_page(
         _cursor(found[-1]).encode() if more_older else None,
         _cursor(found[0]).encode() if more_newer else None,
         capped_count(rows, LIST_COUNT_CAP),
+        _position(_newer(rows, _cursor(found[0])) if more_newer else None, bool(found)),
     )
+
+
+def _position(newer: QuerySet[Any] | None, any_shown: bool) -> int:
+    """The 1-based position of a page's first row: one more than the rows before it (a
+    keyset page does not know its offset; counting them costs what a capped count does)."""
+    if not any_shown:
+        return 0
+    if newer is None:
+        return 1
+    return capped_count(newer, LIST_COUNT_CAP).value + 1
 
 
 def _cursor(effect: Effect) -> Cursor:
@@ -331,14 +350,25 @@ def _search_condition(search: Search) -> Q:
         return Q(tool__in=matching_tools(search.text))  # openonce_effects_tool
     if search.kind == "arg":
         return _arguments_contain(search.args)  # openonce_effects_args (GIN)
+    if search.kind == "state":
+        return Q(state=search.text)  # openonce_effects_state_updated
+    if search.kind == "all":
+        condition = Q()
+        for term in search.terms:
+            condition &= _search_condition(term)
+        return condition
     # Anything else: whichever of id, key and scope starts with it, or the tool it names.
     # Postgres ORs the indexes (BitmapOr); SQLite unions them (multi-index OR).
-    return (
+    condition = (
         _prefix("id", search.text)
         | _prefix("idempotency_key", search.text)
         | _prefix("scope", search.text)
         | Q(tool=search.text)
     )
+    if search.bare_id:
+        # An id pasted without its eff_ (a log line, a chat message often drops it).
+        condition |= _prefix("id", search.bare_id)
+    return condition
 
 
 def _prefix(column: str, text: str) -> Q:
@@ -478,6 +508,11 @@ class AuditPage:
     older: int | None  # ``before`` for the next, older page
     newer: int | None  # ``after`` for the previous, newer page
     total: Count
+    first: int = 0  # the position of the first line shown, from the newest (1-based)
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.entries) - 1 if self.entries else 0
 
 
 def audit_log(
@@ -521,6 +556,7 @@ def audit_page(
         entries[-1].seq if more_older else None,
         entries[0].seq if more_newer else None,
         capped_count(rows, LIST_COUNT_CAP),
+        _position(rows.filter(seq__gt=entries[0].seq) if more_newer else None, bool(entries)),
     )
 
 
@@ -606,3 +642,147 @@ def miss_may_rearm(tool: str) -> bool:
 def health() -> Health:
     """Judged by sweeps recorded in the database (reconciler.Sweep, index sweep_latest)."""
     return reconciler_health()
+
+
+# -- one agent run ------------------------------------------------------------------------
+
+RUN_LIMIT = 500  # effects on a run's timeline
+RUN_LINES = 5000  # journal lines on it, all effects together
+
+
+@dataclass(frozen=True)
+class RunStep:
+    effect: Effect
+    lines: list[JournalEntry]
+
+
+@dataclass(frozen=True)
+class Run:
+    scope: str
+    steps: list[RunStep]
+    total: Count  # effects in the run (the timeline shows the first RUN_LIMIT)
+    lines_cut: bool  # the journal lines stopped at RUN_LINES
+
+    @property
+    def started_at(self) -> float | None:
+        return self.steps[0].effect.created_at if self.steps else None
+
+    @property
+    def last_change_at(self) -> float | None:
+        return max((s.effect.updated_at for s in self.steps), default=None)
+
+    @property
+    def states(self) -> list[tuple[str, int]]:
+        counts: dict[str, int] = {}
+        for step in self.steps:
+            counts[step.effect.state] = counts.get(step.effect.state, 0) + 1
+        return sorted(counts.items())
+
+
+def run_timeline(scope: str, limit: int = RUN_LIMIT, max_lines: int = RUN_LINES) -> Run:
+    """Every effect of one run (scope), oldest first, each with its journal lines in order:
+    openonce_effects_scope (scope, created_at) for the effects, the journal's key
+    (effect_id, seq) for the lines."""
+    rows = Effect.objects.filter(scope=scope)
+    effects = list(rows.only(*_LIST_COLUMNS).order_by("created_at", "id")[:limit])
+    lines = list(
+        JournalEntry.objects.filter(effect_id__in=[e.id for e in effects]).order_by("seq")[
+            : max_lines + 1
+        ]
+    )
+    by_effect: dict[str, list[JournalEntry]] = {e.id: [] for e in effects}
+    for line in lines[:max_lines]:
+        by_effect[line.effect_id].append(line)
+    steps = [RunStep(e, by_effect[e.id]) for e in effects]
+    return Run(scope, steps, capped_count(rows, LIST_COUNT_CAP), len(lines) > max_lines)
+
+
+# -- the effects list as a download -------------------------------------------------------
+
+EFFECTS_EXPORT_LIMIT = 5000  # rows per effects export; ``after`` pages on
+
+
+def effect_export(
+    f: EffectFilter, after: Cursor | None = None, limit: int | None = None
+) -> tuple[Iterator[Effect], Cursor | None]:
+    """The filter's effects, newest first as the list shows them, streamed, at most
+    ``limit``; and where the next export starts when there are more (read before the
+    stream, so it can go in a header)."""
+    limit = limit or EFFECTS_EXPORT_LIMIT
+    rows = _filtered(f, time.time())
+    if after is not None:
+        rows = _older(rows, after)
+    ordered = rows.only(*_LIST_COLUMNS, "idempotency_key").order_by("-created_at", "-id")
+    edge = list(ordered[limit - 1 : limit + 1])
+    more = _cursor(edge[0]) if len(edge) == 2 else None
+    return ordered[:limit].iterator(500), more
+
+
+# -- probers, one row each ----------------------------------------------------------------
+
+VERDICTS = ("happened", "not_happened", "inconclusive")
+FAILURES = ("transient", "credential", "error")
+# Probes held back by a rate limit: the provider's 429, or our own shared limiter
+# (reconciler.probes records those as status "limited").
+RATE_LIMITED = ("429", "limited")
+
+
+@dataclass(frozen=True)
+class ProberRow:
+    tool: str
+    provider: str
+    tier: str
+    verdicts: dict[str, int]  # happened, not_happened, inconclusive
+    failures: dict[str, int]  # transient, credential, error
+    rate_limited: int
+    last_answer: Any  # datetime | None: the provider last answered a probe
+    last_refusal: Any  # datetime | None: the last probe that got no answer
+    failing_since: Any  # datetime | None: refusing our credentials since then
+    reason: str
+    waiting: Count  # UNKNOWN effects of this tool (what its probes work through)
+    registered: bool  # False: probes were recorded, but this deployment has no prober now
+
+    @property
+    def last_probe(self) -> Any:
+        moments = [m for m in (self.last_answer, self.last_refusal) if m is not None]
+        return max(moments) if moments else None
+
+
+def prober_rows() -> list[ProberRow]:
+    """One row per prober: what the workers recorded (reconciler.probes: ProbeTally by
+    tool, ProberStatus by provider) beside the UNKNOWN effects each one works through.
+    Bounded: one row per tool with probes; the waiting counts stop at COUNT_CAP."""
+    registered = registered_probers()
+    tallies = tallies_by_tool()
+    statuses = statuses_by_provider()
+    rows = []
+    for tool in sorted(set(registered) | set(tallies)):
+        probers = registered.get(tool, [])
+        provider = next(
+            (p.provider for p in probers if isinstance(getattr(p, "provider", None), str)),
+            tool.partition(".")[0],
+        )
+        counts = tallies.get(tool, {})
+        status = statuses.get(provider)
+        rows.append(
+            ProberRow(
+                tool=tool,
+                provider=provider,
+                tier=evidence_tier(tool),
+                verdicts={v: sum(n for (o, _), n in counts.items() if o == v) for v in VERDICTS},
+                failures={v: sum(n for (o, _), n in counts.items() if o == v) for v in FAILURES},
+                rate_limited=sum(n for (_, st), n in counts.items() if st in RATE_LIMITED),
+                last_answer=status.last_success_at if status else None,
+                last_refusal=status.last_failure_at if status else None,
+                failing_since=status.since if status and status.failing else None,
+                reason=redact_text(status.reason) if status and status.failing else "",
+                waiting=_capped_count(Effect.objects.filter(state=S.UNKNOWN, tool=tool)),
+                registered=tool in registered,
+            )
+        )
+    return rows
+
+
+def dispatch_queue_depth() -> int | None:
+    """Reconcile batches waiting in the broker (None: eager mode, or no answer)."""
+    return dispatch_queue.depth()

@@ -1,7 +1,11 @@
 """Console URLs. Permissions (console.*): every page needs view_ledger; approve and deny
 need approve_effect; resolve-* need resolve_effect (an override also override_rearm);
 cancel needs cancel_effect; the audit log and its exports need export_audit; the sign-in
-lockouts page and clearing a lockout need clear_lockout."""
+lockouts page and clearing a lockout need clear_lockout. A run's timeline and the effects
+list's exports need view_ledger, as the list does.
+
+The site's URLconf sets ``handler403 = "console.views.permission_denied"``: a refusal is
+logged as one line, not a traceback."""
 
 from django.urls import path
 
@@ -10,6 +14,10 @@ from . import lockouts, views
 urlpatterns = [
     path("", views.queue, name="queue"),
     path("effects/", views.effect_list, name="effects"),
+    # Before effects/<id>/: "effects.csv" is no effect id.
+    path("effects.csv", views.effects_export, {"fmt": "csv"}, name="effects-csv"),
+    path("effects.json", views.effects_export, {"fmt": "json"}, name="effects-json"),
+    path("run/", views.run_timeline, name="run"),
     path("effects/bulk/", views.bulk_preview, name="bulk"),
     path("effects/bulk/apply/", views.bulk_apply, name="bulk-apply"),
     path("effects/<str:effect_id>/", views.effect_detail, name="effect"),

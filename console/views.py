@@ -8,9 +8,12 @@ is a 404 for everyone allowed to look.
 
 from __future__ import annotations
 
+import collections
+import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import messages
@@ -18,7 +21,7 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import BadRequest, ValidationError
 from django.forms import Form
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
@@ -26,6 +29,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
 from django_htmx.middleware import HtmxDetails
 
+from ledger.logsafe import one_line
 from ledger.models import Effect
 from notifications.selectors import deliveries_for
 
@@ -101,10 +105,29 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
         "labels": QUEUE_LABELS,
         "since": at if since is None else since,
         "may_see_digests": _may_see_digests(request),
+        **_queue_extent(found, kind),
     }
     if not _wants_fragment(request):
         ctx["health"] = selectors.health()  # the panel polls on its own
     return _render(request, "console/queue.html", "queue-table", ctx)
+
+
+def _queue_extent(found: selectors.Queue, kind: str) -> dict[str, Any]:
+    """How many rows of how many the queue shows ("100 of 111"), and where the rest are:
+    the effects list filtered on each state with rows left out (newest first there)."""
+    states = (kind,) if kind else selectors.QUEUE_KINDS
+    counts = [found.counts[s] for s in states]
+    shown = collections.Counter(str(item.effect.state) for item in found.items)
+    total = selectors.Count(sum(c.value for c in counts), any(c.capped for c in counts))
+    more = [
+        (
+            f"all {count} {decision.STATE_LABELS[state]}",
+            f"{reverse('effects')}?state={state}",
+        )
+        for state, count in zip(states, counts, strict=True)
+        if count.capped or count.value > shown[state]
+    ]
+    return {"shown": len(found.items), "total": total, "more": more}
 
 
 # -- effects ------------------------------------------------------------------------------
@@ -116,16 +139,23 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
 def effect_list(request: HtmxHttpRequest) -> HttpResponse:
     form = EffectFilterForm(request.GET)
     page = selectors.EffectPage([], None)
+    valid = form.is_valid()
+    window = _relative_window(request, form)
     status = 400
-    if form.is_valid():
+    if valid and not form.errors:
         data = form.cleaned_data
-        page = selectors.effect_page(form.to_filter(), after=data["after"], before=data["before"])
+        f = _created_within(form.to_filter(), window)
+        page = selectors.effect_page(f, after=data["after"], before=data["before"])
         status = 200
+    params = _absolute_params(form, window, "created_from")
     ctx = {
         "form": form,
         "page": page,
         "search": form.cleaned_data.get("q") if status == 200 else None,
-        "filter_params": form.params(),
+        "filter_params": params,
+        "window": window,
+        "windows": RELATIVE_WINDOWS,
+        "export_limit": selectors.EFFECTS_EXPORT_LIMIT,
         # A search from the box shows its results first; the filters fold away.
         "filters_open": status != 200
         or any(n != "q" for n, _ in form.params())
@@ -145,6 +175,19 @@ def effect_list(request: HtmxHttpRequest) -> HttpResponse:
 @permission_required(VIEW)
 def effect_detail(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
     effect = _get_effect_or_404(effect_id)
+    shown = request.GET.get("fence", "")
+    if _wants_fragment(request) and shown.isdigit():
+        # The open page asks whether the effect moved on since it was shown: nothing to
+        # swap while its fence is the same; otherwise the page as it is now, saying so.
+        if int(shown) == effect.fence:
+            response = HttpResponse(status=204)
+        else:
+            said = decision.STATE_LABELS.get(effect.state, effect.state)
+            notice = f"This effect changed while the page was open: it is {said} now."
+            context = _detail_context(request, effect, notice=notice)
+            response = render(request, "console/effect.html#effect", context)
+        patch_vary_headers(response, ("HX-Request",))
+        return response
     return render(request, "console/effect.html", _detail_context(request, effect))
 
 
@@ -287,7 +330,18 @@ def capabilities(request: HttpRequest) -> HttpResponse:
 @login_required
 @permission_required(VIEW)
 def reconciler_panel(request: HtmxHttpRequest) -> HttpResponse:
+    # Two panels poll this page on their own: health (also on the queue and providers
+    # pages) and the probers' table (?panel=probers: it asks the broker for its depth).
+    if request.GET.get("panel") == "probers":
+        context: dict[str, Any] = {
+            "probers": selectors.prober_rows(),
+            "queue_depth": selectors.dispatch_queue_depth(),
+        }
+        return _render(request, "console/reconciler.html", "probers-panel", context)
     context = {"health": selectors.health()}
+    if not _wants_fragment(request):
+        context["probers"] = selectors.prober_rows()
+        context["queue_depth"] = selectors.dispatch_queue_depth()
     return _render(request, "console/reconciler.html", "health-panel", context)
 
 
@@ -296,16 +350,21 @@ def reconciler_panel(request: HtmxHttpRequest) -> HttpResponse:
 @permission_required(EXPORT_AUDIT)
 def audit(request: HtmxHttpRequest) -> HttpResponse:
     form = AuditFilterForm(request.GET)
+    valid = form.is_valid()
+    window = _relative_window(request, form)
     status = 400
     page = selectors.AuditPage([], None, None, selectors.Count(0))
-    if form.is_valid():
+    if valid and not form.errors:
         data = form.cleaned_data
-        page = selectors.audit_page(form.to_filter(), before=data["before"], after=data["after"])
+        f = _decided_within(form.to_filter(), window)
+        page = selectors.audit_page(f, before=data["before"], after=data["after"])
         status = 200
     ctx = {
         "form": form,
         "page": page,
         "filter_params": form.params(),
+        "window": window,
+        "windows": RELATIVE_WINDOWS,
         "may_see_digests": _may_see_digests(request),
         # Sign-in lockouts cleared belong to no effect's journal: their own record.
         "clearings": lockouts.recent_clearings(),
@@ -318,10 +377,13 @@ def audit(request: HtmxHttpRequest) -> HttpResponse:
 @permission_required(EXPORT_AUDIT)
 def audit_export(request: HttpRequest, fmt: str) -> HttpResponse:
     form = AuditFilterForm(request.GET)
-    if not form.is_valid():
+    valid = form.is_valid()
+    window = _relative_window(request, form)
+    if not valid or form.errors:
         raise BadRequest("; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
     before = form.cleaned_data["before"]
-    entries = selectors.audit_log(before, selectors.EXPORT_LIMIT, form.to_filter())
+    f = _decided_within(form.to_filter(), window)
+    entries = selectors.audit_log(before, selectors.EXPORT_LIMIT, f)
     next_before = entries[-1].seq if len(entries) == selectors.EXPORT_LIMIT else None
     if fmt == "csv":
         response = exports.csv_response(entries, "openonce-operator-audit.csv")
@@ -394,7 +456,7 @@ def _decide(request: HtmxHttpRequest, effect_id: str, name: str) -> HttpResponse
         decided = actions.decide(name, effect.id, username, item.form.cleaned_data)
     except actions.DECISION_ERRORS as exc:
         item.form.add_error(None, str(exc))
-        return _refused(request, effect, item, status=409)
+        return _refused(request, effect, item, status=409, stale=actions.is_stale(exc))
     notice = f"{action.label}: done, journaled as operator:{username}."
     check = (decided.verification_evidence or {}).get("provider_check")
     if name == "resolve-happened" and isinstance(check, dict) and check.get("said"):
@@ -404,6 +466,7 @@ def _decide(request: HtmxHttpRequest, effect_id: str, name: str) -> HttpResponse
         # The effect changed as a whole (state, fence, journal): replace all of it.
         fresh = _get_effect_or_404(effect.id)
         context = _detail_context(request, fresh, notice=notice)
+        context["focus_notice"] = True  # the form that had the focus is gone
         response = render(request, "console/effect.html#effect", context)
         return reswap(retarget(response, "#effect"), "outerHTML")
     messages.success(request, notice)
@@ -411,12 +474,16 @@ def _decide(request: HtmxHttpRequest, effect_id: str, name: str) -> HttpResponse
 
 
 def _refused(
-    request: HtmxHttpRequest, effect: Effect, item: ActionForm, status: int
+    request: HtmxHttpRequest, effect: Effect, item: ActionForm, status: int, stale: bool = False
 ) -> HttpResponse:
-    """The form again, with what was typed and why it was refused; nothing changed."""
+    """The form again, with what was typed and why it was refused; nothing changed. Refused
+    because the effect moved on (``stale``): with a link to its current page."""
     if request.htmx:
-        return render(request, "console/effect.html#action", {"item": item}, status=status)
+        # The form that had the focus is replaced: the focus goes to why it was refused.
+        context = {"item": item, "effect": effect, "stale": stale, "focus_error": True}
+        return render(request, "console/effect.html#action", context, status=status)
     context = _detail_context(request, effect, failed=item)
+    context["stale"] = stale
     return render(request, "console/effect.html", context, status=status)
 
 
@@ -532,3 +599,139 @@ def _float_param(request: HttpRequest, name: str) -> float | None:
     if not math.isfinite(number) or number < 0:
         raise BadRequest(f"{name} must be a time in epoch seconds")
     return number
+
+
+# -- find & time (issue 21) ---------------------------------------------------------------
+
+# Times are shown in UTC everywhere, as the filters read them (see ``when``).
+RELATIVE_WINDOWS: dict[str, str] = {
+    "1h": "Last hour",
+    "24h": "Last 24 h",
+    "today": "Today (UTC)",
+    "7d": "Last 7 days",
+}
+_WINDOW_SECONDS = {"1h": 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
+
+
+@dataclass(frozen=True)
+class Window:
+    """A relative time filter (``?last=1h``) read at one moment, in UTC."""
+
+    key: str
+    label: str
+    start: float  # epoch seconds
+
+    @property
+    def start_text(self) -> str:
+        return datetime.fromtimestamp(self.start, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _relative_window(request: HttpRequest, form: Form) -> Window | None:
+    """``last`` from the query string, or None; an unknown value is an error on ``form``
+    (validated already), so the page says so with a 400 and lists nothing."""
+    key = request.GET.get("last", "")
+    if not key:
+        return None
+    if key not in RELATIVE_WINDOWS:
+        choices = ", ".join(RELATIVE_WINDOWS)
+        form.add_error(None, f"“last” must be one of {choices}; nothing was filtered.")
+        return None
+    now = time.time()
+    if key == "today":
+        start = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        return Window(key, RELATIVE_WINDOWS[key], start.timestamp())
+    return Window(key, RELATIVE_WINDOWS[key], now - _WINDOW_SECONDS[key])
+
+
+def _created_within(f: selectors.EffectFilter, window: Window | None) -> selectors.EffectFilter:
+    if window is None:
+        return f
+    start = max(window.start, f.created_from or 0.0)
+    return replace(f, created_from=start)
+
+
+def _decided_within(f: selectors.AuditFilter, window: Window | None) -> selectors.AuditFilter:
+    if window is None:
+        return f
+    return replace(f, since=max(window.start, f.since or 0.0))
+
+
+def _absolute_params(form: Form, window: Window | None, field: str) -> list[tuple[str, str]]:
+    """The filter's fields with a relative window written as the absolute UTC time it
+    meant when the page was shown: a bulk action counts exactly what the page counted."""
+    params: list[tuple[str, str]] = form.params()  # type: ignore[attr-defined]
+    if window is None:
+        return params
+    given = form.cleaned_data.get(field) if hasattr(form, "cleaned_data") else None
+    start = max(window.start, given.timestamp() if given else 0.0)
+    # Down to the second the field reads: at most a second earlier, never later.
+    text = datetime.fromtimestamp(math.floor(start), UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return [(n, v) for n, v in params if n != field] + [(field, text)]
+
+
+@require_GET
+@login_required
+@permission_required(VIEW)
+def run_timeline(request: HtmxHttpRequest) -> HttpResponse:
+    """Every effect of one agent run (scope), oldest first, with its journal lines."""
+    scope = request.GET.get("scope", "")
+    if not scope or len(scope) > 200 or "\x00" in scope:
+        raise BadRequest("scope: name the run, e.g. ?scope=run-2026-12-01-a")
+    run = selectors.run_timeline(scope)
+    steps = [(step.effect, decision.timeline(step.lines)) for step in run.steps]
+    context = {
+        "run": run,
+        "steps": steps,
+        "limit": selectors.RUN_LIMIT,
+        "may_see_digests": _may_see_digests(request),
+    }
+    return render(request, "console/run.html", context)
+
+
+@require_GET
+@login_required
+@permission_required(VIEW)
+def effects_export(request: HttpRequest, fmt: str) -> HttpResponse | StreamingHttpResponse:
+    """The effects list's current filter as a download, newest first, at most
+    EFFECTS_EXPORT_LIMIT rows; ``X-OpenOnce-Next-After`` (and ``next_after`` in JSON) is
+    the ``after`` of the next part when there are more."""
+    form = EffectFilterForm(request.GET)
+    valid = form.is_valid()
+    window = _relative_window(request, form)
+    if not valid or form.errors:
+        raise BadRequest("; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
+    f = _created_within(form.to_filter(), window)
+    effects, more = selectors.effect_export(f, after=form.cleaned_data["after"])
+    next_after = more.encode() if more else None
+    show = _may_see_digests(request)
+    if fmt == "csv":
+        return exports.effects_csv(effects, "openonce-effects.csv", show, next_after)
+    return exports.effects_json(
+        effects,
+        "openonce-effects.json",
+        show,
+        next_after,
+        filter=dict(_absolute_params(form, window, "created_from")),
+        limit=selectors.EFFECTS_EXPORT_LIMIT,
+    )
+
+
+access_log = logging.getLogger("openonce.request")
+
+
+def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """The 403 page (``handler403``). Django would log each refusal with a full traceback;
+    a refusal is no bug, so it is one line here: who, where and why (the security log
+    has its own line from ``access.deny``)."""
+    user = getattr(request, "user", None)
+    name = user.get_username() if user is not None and user.is_authenticated else "(anonymous)"
+    access_log.warning(
+        "forbidden: user=%r path=%s reason=%s",
+        name,
+        one_line(request.path),
+        one_line(str(exception) or "permission denied"),
+    )
+    response = render(request, "403.html", {"exception": exception}, status=403)
+    # Django's request log skips a response already logged: no second line, no traceback.
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return response

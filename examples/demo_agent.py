@@ -43,7 +43,7 @@ def main(db: str) -> None:
         return {"stripe_id": intent["id"], "amount": intent["amount"]}
 
     @oo.effect(tool="stripe.refund", idempotency_key=lambda charge_id, **_: f"refund-{charge_id}")
-    def refund(charge_id: str, amount_cents: int) -> dict:
+    def refund(charge_id: str, amount_cents: int, currency: str) -> dict:
         return {"refund_id": "re_demo1", "charge": charge_id, "amount": amount_cents}
 
     with oo.scope("demo-run-1"):
@@ -65,7 +65,7 @@ def main(db: str) -> None:
     except openonce.OutcomeUnknownError:
         print("stripe.charge  order-2 retried by the agent: refused, not charged twice")
     try:
-        refund("pi_demo1", 2_500)
+        refund("pi_demo1", 2_500, "usd")  # the console shows it as 25.00 USD
     except openonce.ApprovalPending as pending:
         print(f"stripe.refund  pi_demo1: waiting for approval ({pending.effect_id})")
     oo.close()

@@ -17,3 +17,5 @@ urlpatterns = [
 
 # 404.html, 500.html (standalone: it renders without a request) and 403.html are the
 # product's own pages, used whenever DEBUG is off — production always, the demo too.
+# A refused request is logged as one line (user, path, reason), not a traceback.
+handler403 = "console.views.permission_denied"

@@ -15,7 +15,8 @@ oldest_unknown_age_seconds             seconds since the longest-waiting UNKNOWN
 approval_oldest_wait_seconds           seconds the oldest pending approval has waited
 probes_total{tool,outcome,status}      probes by result (happened, not_happened,
                                        inconclusive, transient, credential, error) and the
-                                       provider's HTTP status when it refused ("ok": answered)
+                                       provider's HTTP status when it refused ("ok": answered;
+                                       "limited": a rate limit held it, nothing was sent)
 probe_duration_seconds{...}            the same probes' latency, a histogram
 sweep_recorded                         1 once any sweep is recorded (0: age and lag have
                                        no sample yet)

@@ -40,7 +40,9 @@ class Sample:
     tool: str
     provider: str
     outcome: str  # happened, not_happened, inconclusive, transient, credential, error
-    status: str  # the provider's HTTP status when it refused, "ok" for an answer, "none"
+    # The provider's HTTP status when it refused, "ok" for an answer, "limited" when a
+    # rate limit held the probe before it was sent, "none" otherwise.
+    status: str
     seconds: float
     detail: str = ""
     at: float = 0.0
@@ -48,6 +50,20 @@ class Sample:
 
 _samples: list[Sample] = []
 _lock = threading.Lock()
+
+
+def tallies_by_tool() -> dict[str, dict[tuple[str, str], int]]:
+    """What the workers recorded, for the console's prober table: per tool, the count of
+    probes by (outcome, status)."""
+    found: dict[str, dict[tuple[str, str], int]] = {}
+    for tally in ProbeTally.objects.order_by("tool"):
+        found.setdefault(tally.tool, {})[(tally.outcome, tally.status)] = tally.count
+    return found
+
+
+def statuses_by_provider() -> dict[str, ProberStatus]:
+    """Each provider's last answer, last refusal and whether it is failing now."""
+    return {row.provider: row for row in ProberStatus.objects.all()}
 
 
 def _record(sample: Sample) -> None:
@@ -94,6 +110,10 @@ class InstrumentedProber:
                 else "error"
             )
             status = str(exc.status) if exc.status is not None else "none"
+            if isinstance(exc, ProbeTransientError) and not getattr(exc, "sent", True):
+                # Not asked at all: a rate limit (ours, or a pause the provider asked for)
+                # held the probe. The console's prober table counts these as waits.
+                status = "limited"
             self._done(effect, kind, status, started, str(exc), logging.WARNING)
             raise
         except Exception as exc:
@@ -198,11 +218,22 @@ def _update_prober_status(samples: list[Sample]) -> None:
     now = timezone.now()
     last: dict[str, Sample] = {}
     tools: dict[str, set[str]] = {}
+    unanswered: set[str] = set()
     for s in samples:
         if s.outcome == "credential" or s.status == "ok":
             last[s.provider] = s
+        elif s.status != "limited":
+            unanswered.add(s.provider)  # sent, and no answer (a timeout, a 5xx)
         if s.outcome == "credential":
             tools.setdefault(s.provider, set()).add(s.tool)
+    for provider in unanswered - set(last):
+        # When a probe last got no answer, for the console's prober table; whether the
+        # prober is failing is decided by credential refusals and answers only.
+        _update_or_create(
+            ProberStatus.objects.filter(provider=provider),
+            {"last_failure_at": now},
+            lambda p=provider: ProberStatus.objects.create(provider=p, last_failure_at=now),
+        )
     for provider, sample in last.items():
         if sample.outcome == "credential":
             _mark_failing(provider, sample.detail, now, tools.get(provider, set()))

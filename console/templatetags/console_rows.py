@@ -25,6 +25,8 @@ from .console_tags import (
     shorten,
     tier_class,
     tier_label,
+    tier_short,
+    tier_words,
     visible_text,
     when,
 )
@@ -68,8 +70,9 @@ def queue_rows(items: list[Any], labels: dict[str, str], show_digest: bool) -> S
             f'<td data-label="Waiting for"><span class="state state-{_e(effect.state)}">'
             f"{_e(labels.get(effect.state, effect.state))}</span></td>"
             f'<td data-label="Tool">{visible_text(effect.tool)} <span class="badge'
-            f' {_e(tier_class(item.tier))}" title="How far a probe of this provider can be'
-            f' trusted: {_e(item.tier)}">{_e(tier_label(item.tier))}</span></td>'
+            f' {_e(tier_class(item.tier))}" title="{_e(tier_words(item.tier))}">'
+            f'{_e(tier_label(item.tier))}</span> <span class="tier-words">'
+            f"{_e(tier_short(item.tier))}</span></td>"
             f'<td data-label="What">{facts}<span class="args">'
             f"{args_summary(effect, show_digest)}</span></td>"
             f'<td data-label="Requested by">{who}</td>'

@@ -33,6 +33,23 @@ register = template.Library()
 SECRET_DIGEST = re.compile(r"^(?:sha256|hmac-sha256):[0-9a-f]{64}$")
 DIGEST_PREFIX = 8  # hex digits of a digest an operator may see (a viewer sees none)
 
+# Plain words for the evidence tiers: what a probe's answer is worth for that provider.
+_TIER_WORDS = {
+    "tier_1_native_idempotency_key": "the provider looks our key up: a probe's answer is proof",
+    "tier_2_natural_business_key": "found by a business key: a probe's answer is strong evidence",
+    "tier_2_sender_controlled_authoritative": (
+        "our own sent records are checked: a probe's answer is strong evidence"
+    ),
+    "tier_3_non_authoritative": "a probe can confirm, but a miss proves nothing",
+}
+_TIER_SHORT = {
+    "tier_1_native_idempotency_key": "answer is proof",
+    "tier_2_natural_business_key": "answer is strong evidence",
+    "tier_2_sender_controlled_authoritative": "answer is strong evidence",
+    "tier_3_non_authoritative": "a miss proves nothing",
+}
+FENCE_WORDS = "a version number that moves at every change, so a stale page is refused"
+
 _TIER_LABELS = {
     "tier_1_native_idempotency_key": "evidence tier 1",
     "tier_2_natural_business_key": "evidence tier 2",
@@ -114,15 +131,20 @@ def epoch(ts: float | None) -> str:
 
 @register.filter
 def when(ts: float | datetime | None) -> SafeString | str:
-    """A ``<time>`` in UTC; console.js shows it in the viewer's zone, UTC on hover."""
+    """A moment in UTC, labelled so, the same on every page and in every export.
+
+    UTC, not the viewer's zone: the filters read UTC (a pasted or bookmarked filter means
+    the same to every operator), the exports, the journal and the server logs are UTC,
+    and an operator comparing a time on the page with one in a filter or a log must not
+    convert. A plain element, not ``<time datetime>``: a script localizing those would
+    show a different time than the filter reads."""
     if ts is None:
         return "—"
     moment = ts if isinstance(ts, datetime) else datetime.fromtimestamp(ts, UTC)
     moment = moment.astimezone(UTC)
-    utc = moment.strftime("%Y-%m-%d %H:%M:%S UTC")
-    iso = moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-    # Digits, dashes, colons and "UTC" only: nothing to escape.
-    return mark_safe(f'<time datetime="{iso}" title="{utc}">{utc}</time>')
+    text = moment.strftime("%Y-%m-%d %H:%M:%S")
+    # Digits, dashes and colons only: nothing to escape.
+    return mark_safe(f'<span class="utc">{text} UTC</span>')
 
 
 @register.filter
@@ -139,6 +161,24 @@ def shorten(text: str, width: int = 90) -> str:
 @register.filter
 def tier_label(tier: str) -> str:
     return _TIER_LABELS.get(tier, tier)
+
+
+@register.filter
+def tier_words(tier: str) -> str:
+    """What an evidence tier means, in a sentence: how far a probe's answer counts."""
+    return _TIER_WORDS.get(tier, "no known provider: a probe's answer is not evidence")
+
+
+@register.filter
+def tier_short(tier: str) -> str:
+    """The tier's meaning in three words, for a badge: ``answer is proof``."""
+    return _TIER_SHORT.get(tier, "not evidence")
+
+
+@register.simple_tag
+def fence_words() -> str:
+    """What "fence" means, for a page that shows one."""
+    return FENCE_WORDS
 
 
 @register.filter

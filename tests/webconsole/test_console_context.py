@@ -261,8 +261,8 @@ def test_the_detail_page_gives_the_decision_context_first(agent: Agent, users) -
     # Arguments come before the decision forms; only legal decisions are offered.
     assert page.index("Arguments") < page.index('id="action-approve"')
     assert 'id="action-resolve-happened"' not in page
-    # Times are <time> elements in UTC, shown locally by console.js.
-    assert '<time datetime="' in page and 'Z" title="' in page
+    # Times are UTC, labelled, as the filters read them; no script rewrites them.
+    assert '<span class="utc">' in page and " UTC</span>" in page and "<time datetime" not in page
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,44 +1,66 @@
 /* OpenOnce console: the little the pages need beyond htmx, with no inline script (the
    Content-Security-Policy allows script from this origin's files only).
 
-   - times: every <time datetime> is shown in the viewer's zone, UTC kept on hover;
+   - times are rendered in UTC by the server, as the filters read them: nothing to do here;
    - the queue: polls never disturb the operator. The table is morphed in place
      (idiomorph, hx-swap="morph:outerHTML"): rows keep their elements and unchanged text
      keeps its nodes, so focus and a text selection stay where they were; the tab title
      carries the count (data-title);
    - keys: j / k move between rows, Enter opens one, / searches, g q goes to the queue,
      ? shows the help;
-   - copy buttons (data-copy) and receipt templates (data-fill). */
+   - copy buttons (data-copy) and receipt templates (data-fill);
+   - an effect's page after a decision: the title follows its state (data-title), the
+     focus goes to the result (data-focus) instead of falling to <body>; while it is open
+     the page asks every 5 s whether the effect moved on and shows it as it is now, unless
+     something was typed into a decision form: then it only says so, with a reload link. */
 (function () {
   "use strict";
 
-  var zoneFormat = new Intl.DateTimeFormat(undefined, {
-    year: "numeric", month: "2-digit", day: "2-digit",
-    hour: "2-digit", minute: "2-digit", second: "2-digit",
-    hour12: false, timeZoneName: "short"
-  });
-
-  function localizeTimes(root) {
-    var times = (root || document).querySelectorAll("time[datetime]");
-    for (var i = 0; i < times.length; i++) {
-      var el = times[i];
-      var moment = new Date(el.getAttribute("datetime"));
-      if (isNaN(moment.getTime())) continue;
-      var local = zoneFormat.format(moment);
-      if (el.textContent !== local) el.textContent = local;
-      el.classList.add("local");
-    }
-  }
-
   function syncTitle(root) {
+    // A swapped-out element still carries the old title: read the page as it is now.
+    if (root && !document.contains(root)) root = null;
     var holder = root && root.closest ? root.closest("[data-title]") : null;
     holder = holder || document.querySelector("[data-title]");
     if (holder && document.title !== holder.dataset.title) document.title = holder.dataset.title;
   }
 
+  function focusResult() {
+    var target = document.querySelector("[data-focus]");
+    if (!target) return;
+    target.removeAttribute("data-focus");
+    target.focus();
+  }
+
   document.addEventListener("htmx:afterSettle", function (evt) {
-    localizeTimes(evt.detail.elt);
     syncTitle(evt.detail.elt);
+    focusResult();
+  });
+
+  // -- an effect that moved on while its page was open ------------------------------------
+
+  function typedInto(root) {
+    if (!root) return false;
+    var fields = root.querySelectorAll("form.action input, form.action textarea");
+    for (var i = 0; i < fields.length; i++) {
+      var field = fields[i];
+      if (field.type === "hidden") continue;
+      if (field.type === "checkbox" || field.type === "radio") {
+        if (field.checked !== field.defaultChecked) return true;
+      } else if (field.value !== field.defaultValue) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  document.addEventListener("htmx:beforeSwap", function (evt) {
+    var source = evt.detail.requestConfig && evt.detail.requestConfig.elt;
+    if (!source || !source.hasAttribute || !source.hasAttribute("data-effect-poll")) return;
+    if (evt.detail.xhr.status !== 200 || !typedInto(document.getElementById("effect"))) return;
+    // Keep what the person typed: say the effect changed, with the way to its page.
+    evt.detail.shouldSwap = false;
+    var changed = document.getElementById("effect-changed");
+    if (changed) changed.hidden = false;
   });
 
   // -- keys ------------------------------------------------------------------------------
@@ -132,7 +154,6 @@
   });
 
   function start() {
-    localizeTimes(document);
     syncTitle(null);
   }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
