@@ -9,8 +9,8 @@ clears the screen or plants a link, reaches the terminal as a visible ``[U+001B]
 instead, the same marker the console shows (``openonce_core._textsafe``).
 
 One private module per command group: ``_ledger`` (migrate, review, show and a person's
-decisions), ``_reconcile``, ``_retention``, ``_providers`` and ``_test``; ``_common`` holds
-what they share.
+decisions), ``_reconcile``, ``_retention``, ``_mcp`` (the MCP gateway), ``_providers`` and
+``_test``; ``_common`` holds what they share.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import OpenOnceError
-from . import _ledger, _reconcile, _retention
+from . import _ledger, _mcp, _reconcile, _retention
 from ._common import say
 from ._providers import add_providers_parser
 from ._test import add_test_parser
@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     _ledger.add_parsers(sub)
     _reconcile.add_parser(sub)
     _retention.add_parser(sub)
+    _mcp.add_parser(sub)
     add_providers_parser(sub)
     add_test_parser(sub)
     return parser
