@@ -122,6 +122,8 @@ class CallPath:
             try:
                 row = self.store.find_replay(call.tool, call.key)
             except ledger_errors(self.store) as exc:
+                if _about_the_data(exc):
+                    raise
                 raise LedgerUnavailableError(call.tool, _cause(exc)) from exc
             if (
                 row is not None
@@ -169,6 +171,8 @@ class CallPath:
         try:
             found = self._acquire(call, trace, read)
         except ledger_errors(self.store) as exc:
+            if _about_the_data(exc):
+                raise  # what was to be written, not the ledger: not worth calling again
             raise LedgerUnavailableError(call.tool, _cause(exc)) from exc
         if isinstance(found, ReplayRow):
             trace.outcome = "replayed"
@@ -800,12 +804,13 @@ def _agrees(current: Effect, same_attempt: bool, outcome: str) -> bool:
 
 def _about_the_data(exc: BaseException) -> bool:
     """Whether a failed write failed on what it was to write (text a store cannot hold:
-    a lone surrogate, a NUL on Postgres), not on the connection or the database."""
+    a lone surrogate, a NUL on Postgres, a value too long to index), not on the connection
+    or the database."""
     seen = 0
     current: BaseException | None = exc
     while current is not None and seen < 8:
         if isinstance(current, UnicodeError) or any(
-            c.__name__ == "DataError" for c in type(current).__mro__
+            c.__name__ in ("DataError", "ProgramLimitExceeded") for c in type(current).__mro__
         ):
             return True
         current = current.__cause__ or current.__context__

@@ -193,15 +193,25 @@ def prepare(
 _NUL = "holds a NUL character (\\u0000), which the ledger cannot store"
 
 
+# The longest tool name, key, scope or owner (UTF-8 bytes): each is indexed, and a
+# Postgres b-tree entry holds at most ~2.7 kB (a longer one fails the write there only).
+MAX_IDENTIFIER_BYTES = 1024
+
+
 def check_text(value: str, what: str) -> None:
-    """Refuse text the ledger cannot hold alike on every store (invariant 6): Postgres
-    text cannot hold NUL, and no store a lone surrogate."""
+    """Refuse an identifier (tool, key, scope, owner) the ledger cannot hold alike on every
+    store (invariant 6): Postgres text cannot hold NUL, no store a lone surrogate, and
+    Postgres cannot index a very long one."""
     if "\x00" in value:
         raise InvalidArgumentsError(what, _NUL)
     try:
-        value.encode("utf-8")
+        size = len(value.encode("utf-8"))
     except UnicodeEncodeError:
         raise InvalidArgumentsError(what, "holds a lone surrogate") from None
+    if size > MAX_IDENTIFIER_BYTES:
+        raise InvalidArgumentsError(
+            what, f"is {size} bytes long; at most {MAX_IDENTIFIER_BYTES} (it is indexed)"
+        )
 
 
 def _fingerprint_stored(stored: dict[str, Any], plain: bool) -> str:

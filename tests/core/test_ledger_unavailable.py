@@ -84,3 +84,30 @@ def test_a_postgres_ledger_gone_refuses_the_call_and_nothing_runs(pg_dsn):
     direct = OpenOnce(PostgresStore(pg_dsn))
     assert [e.idempotency_key for e in direct.store.list_effects()] == ["refund-ch_0"]
     direct.close()
+
+
+def test_an_identifier_too_long_to_index_is_bad_input_on_every_store(store):
+    # Postgres cannot index a b-tree entry over ~2.7 kB: a long scope or key failed there
+    # alone, as "the ledger could not be reached". It is refused alike everywhere, as the
+    # argument it is, before anything is written.
+    from openonce_core import InvalidArgumentsError
+    from openonce_core._keys import MAX_IDENTIFIER_BYTES
+
+    oo = OpenOnce(store)
+    runs: list[str] = []
+
+    @oo.effect(tool="email.send", idempotency_key=lambda key: key)
+    def send(key: str) -> str:
+        runs.append(key)
+        return "sent"
+
+    longest = "é" * (MAX_IDENTIFIER_BYTES // 2)  # two bytes each: exactly the limit
+    assert send(longest) == "sent"
+    with pytest.raises(InvalidArgumentsError, match=r"idempotency_key.*at most 1024"):
+        send(longest + "x")
+    with pytest.raises(InvalidArgumentsError, match=r"scope.*at most 1024"), oo.scope("r" * 3000):
+        pass
+    with oo.scope("r" * MAX_IDENTIFIER_BYTES) as scope:
+        assert len(scope) == MAX_IDENTIFIER_BYTES
+    assert runs == [longest]
+    assert [e.idempotency_key for e in oo.store.list_effects()] == [longest]
