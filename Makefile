@@ -9,7 +9,7 @@ PG_TEST_DSN ?= postgresql://root@127.0.0.1:5432/test
 AXE_VERSION := 4.14.1
 AXE := $(VENV)/axe-$(AXE_VERSION)/node_modules/axe-core/axe.min.js
 
-.PHONY: venv demo test check lint bench bench-gap bench-reconcile bench-daemon bench-console bench-volume soak clean check-python
+.PHONY: venv demo test check lint bench bench-gap bench-reconcile bench-daemon bench-console bench-volume bench-mcp soak clean check-python
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' || { \
@@ -115,6 +115,10 @@ bench-console: venv
 
 bench-volume: venv
 	OPENONCE_BENCH_PG=$(PG_TEST_DSN) $(PY) bench/volume.py
+
+# The MCP gateway's added latency per call against the upstream called directly (issue 22).
+bench-mcp: venv
+	OPENONCE_BENCH_PG=$(PG_TEST_DSN) $(PY) bench/mcp.py
 
 # The nemesis soak (bench/soak.py, bench/README.md): agents, the reconciler and a person
 # under seeded faults, then the provider's record checked against the ledger. Exit 1 on any

@@ -138,7 +138,7 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
     except OSError as exc:
         raise _FieldError("", f"cannot read {os.fspath(path)}: {exc.strerror}") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_JsonObject.read)
     except json.JSONDecodeError as exc:
         raise _FieldError(
             "", f"{os.fspath(path)} is not JSON (line {exc.lineno}: {exc.msg})"
@@ -185,8 +185,19 @@ def parse_config(data: Any) -> GatewayConfig:
     upstreams = _upstreams(top["upstream"])
     tools_data = _object(top.get("tools", {}), "tools", None)
     tools: dict[str, ToolEffect] = {}
+    owners: dict[str, str] = {}  # ledger name -> the tool that has it
     for name, spec in tools_data.items():
-        tools[name] = _tool(name, spec)
+        tools[name] = effect = _tool(name, spec)
+        other = owners.setdefault(effect.tool, name)
+        if other != name:
+            # One ledger name, one key space: a call to one tool would be answered with
+            # the other's recorded result and never reach its upstream.
+            raise _FieldError(
+                f"tools.{name}.tool",
+                f"{effect.tool!r} is tools.{other}'s ledger name too; the two tools' calls"
+                " would share keys (a call to one answered with the other's result):"
+                " give each its own",
+            )
     scope, per_session, meta_scope = _scope(top.get("scope"))
     policy_data = _object(top.get("policy", {}), "policy", _POLICY)
     policy = Policy(
@@ -348,9 +359,35 @@ def template_fields(template: str) -> list[str]:
 # -- checks of one value -----------------------------------------------------------------
 
 
+class _JsonObject(dict[str, Any]):
+    """A JSON object as the file has it, remembering the keys it gives twice: ``json``
+    keeps the last silently, and a tool listed twice would lose the first entry's
+    options (its secret_fields, its idempotency fields) without a word."""
+
+    twice: tuple[str, ...] = ()
+
+    @classmethod
+    def read(cls, pairs: list[tuple[str, Any]]) -> _JsonObject:
+        found = cls(pairs)
+        if len(found) < len(pairs):
+            seen: set[str] = set()
+            twice = []
+            for key, _ in pairs:
+                if key in seen:
+                    twice.append(key)
+                seen.add(key)
+            found.twice = tuple(twice)
+        return found
+
+
 def _object(value: Any, where: str, keys: set[str] | None) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _FieldError(where or "$", f"must be a JSON object, not {_kind(value)}")
+    for key in getattr(value, "twice", ()):
+        raise _FieldError(
+            f"{where}.{key}" if where else key,
+            "given twice in the same object; JSON keeps only the last, silently: write it once",
+        )
     if keys is not None:
         for key in value:
             if key not in keys:

@@ -10,9 +10,11 @@ configuration lists through the ledger, exactly as ``@oo.effect`` runs a handler
 * What an upstream answer means: a result is COMMITTED; a tool error result
   (``isError``) is FAILED and replays (``business_errors`` says which ones; the others
   are UNKNOWN); a JSON-RPC refusal of the request itself (unknown tool, invalid params)
-  ran nothing: the claim is given back and the call answers "refused"; a timeout, a lost
-  upstream, anything else after the request left is UNKNOWN. An upstream known to be
-  lost is not sent to: the claim is given back too.
+  ran nothing: the claim is given back and the call answers "refused", as it does for a
+  tool error about a tool the upstream no longer lists (dropped since the gateway
+  started); a timeout, a lost upstream, anything else after the request left is UNKNOWN.
+  An upstream known to be lost is not sent to: the claim is given back too. An answer
+  the ledger cannot store is COMMITTED without it; a duplicate is told it happened.
 * A call OpenOnce stops (approval, unknown outcome, denial, ...) answers with a tool
   error whose text and ``structuredContent`` say what happened and what to do, naming the
   effect and its console page. Bad calls (arguments that do not fit the tool's input
@@ -29,6 +31,8 @@ the configuration's fixed ``scope``, else, with ``{"per": "session"}``, the clie
 session (``_meta["openonce/session"]``, the streamable HTTP session id, or on stdio the
 gateway process, which serves one client). A session scope does not dedupe across an
 agent's restart; a fixed scope dedupes across restarts but also across agents sharing it.
+A ``_meta`` scope or session the gateway cannot use (not a string, empty, too long) is
+refused, never ignored: the fallback would be wider than what the client asked for.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import CONNECTION_CLOSED, INVALID_PARAMS, METHOD_NOT_FOUND
 
 from ._bridge import HandlerNotStarted
+from ._canonical import canonical, check_json
 from ._context import current_effect
 from ._mcp_config import GatewayConfig, ToolEffect, Upstream, template_fields
 from ._observe import EffectEvent
@@ -73,6 +78,7 @@ from .errors import (
     MayHaveRunError,
     NothingRanError,
     OpenOnceError,
+    ResultUnavailableError,
     UnknownOutcomeError,
 )
 from .integrations._signals import STOPS, signal_for
@@ -89,6 +95,11 @@ META_PROVIDER_KEY = "openonce/provider_key"
 META_EFFECT_ID = "openonce/effect_id"
 META_OUTCOME = "openonce/outcome"
 CLIENT_INFO = "io.modelcontextprotocol/clientInfo"
+
+# The longest ``_meta`` scope or session the gateway takes: the scope is indexed with the
+# key, and Postgres refuses an index row over ~2.7 kB (SQLite would take it: the stores
+# would disagree on the same call).
+MAX_SCOPE_CHARS = 256
 
 REFUSED = "refused"  # the ``status`` of a bad call's answer: nothing ran
 HAPPENED = "happened"  # settled from a receipt that is not the tool's own answer
@@ -187,6 +198,18 @@ class UpstreamServer:
         """The connection closed under a call: send nothing more on it; reconnect."""
         self.lost = True
         self._wake.set()
+
+    async def lists(self, name: str) -> bool:
+        """Whether the upstream lists the tool ``name`` now; True when it cannot say (the
+        answer then counts as it is)."""
+        client = self.client
+        if client is None or self.lost:
+            return True
+        try:
+            with anyio.fail_after(self.spec.timeout_seconds):
+                return any(tool.name == name for tool in await _list_tools(client))
+        except Exception:
+            return True
 
     def _new_client(self) -> Client:
         return Client(
@@ -294,7 +317,7 @@ class Gateway:
         meta: Mapping[str, Any],
         caller: Caller,
     ) -> types.CallToolResult:
-        problem = self._bad_call(effect, arguments)
+        problem = self._bad_meta(meta) or self._bad_call(effect, arguments)
         if problem:
             return _refused(effect.tool, problem)
         scope = self._scope(meta, caller)
@@ -327,6 +350,11 @@ class Gateway:
             return _with_meta(exc.result, _effect_meta(events))  # the upstream's own
         except NothingRanError as exc:
             return _refused(effect.tool, str(exc))
+        except ResultUnavailableError as exc:
+            # COMMITTED, but its answer could not be stored (an integer of 200 digits, a
+            # structure nested too deep): not "outcome unknown", which would send the
+            # model to wait for a person who has nothing to settle.
+            return _unreplayable(exc, effect.tool)
         except MayHaveRunError as exc:
             return self._stopped_unknown(exc, effect)
         except EffectFailed as exc:  # a recorded failure this process cannot rebuild
@@ -339,6 +367,23 @@ class Gateway:
             _events.reset(events_token)
             _caller.reset(caller_token)
         return _with_meta(result, _effect_meta(events), self._output_schema(effect.name))
+
+    def _bad_meta(self, meta: Mapping[str, Any]) -> str:
+        """A scope or session the call names but the gateway cannot use. Never ignored:
+        the fallback (the configuration's scope, the process's session) is wider than
+        what the client asked for, and its call would replay another task's answer."""
+        keys = (META_SCOPE, META_SESSION) if self.config.meta_scope else (META_SESSION,)
+        for key in keys:
+            if key not in meta:
+                continue
+            value = meta[key]
+            if not isinstance(value, str) or not value or len(value) > MAX_SCOPE_CHARS:
+                got = f"{len(value)} characters" if isinstance(value, str) else _kind(value)
+                return (
+                    f'_meta["{key}"] must be a non-empty string of at most {MAX_SCOPE_CHARS}'
+                    f" characters, not {got}; nothing ran"
+                )
+        return ""
 
     def _bad_call(self, effect: ToolEffect, arguments: dict[str, Any]) -> str:
         for option, names in (
@@ -401,14 +446,14 @@ class Gateway:
             return await gateway._forward(effect, arguments)
 
         forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
+            [_parameter(n) for n in names]
         )
         forward.__name__ = forward.__qualname__ = effect.name
         template = effect.idempotency_key
         options = EffectOptions(
             tool=effect.tool,
             idempotency_fields=effect.idempotency_fields,
-            idempotency_key=(lambda **a: template.format_map(a)) if template else None,
+            idempotency_key=functools.partial(_template_key, template) if template else None,
             max_attempts=effect.max_attempts,
             secret_fields=[f for f in effect.secret_fields if f in names],
             lease_seconds=effect.lease_seconds,
@@ -467,6 +512,15 @@ class Gateway:
                 await _quietly(noted)
         payload = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         payload.pop("_meta", None)
+        if result.is_error and not await upstream.lists(effect.name):
+            # The upstream dropped (or renamed) the tool since the gateway started, and
+            # answers its calls with an error result ("Unknown tool: pay", as the SDK's
+            # MCPServer does) instead of refusing the request: a tool it does not have did
+            # not run. Recorded as FAILED it would replay forever, even once it is back.
+            raise HandlerNotStarted(
+                f"the upstream {upstream.spec.name!r} no longer lists the tool"
+                f" {effect.name!r} (it answered: {_result_text(payload)[:200]})"
+            )
         if result.is_error:
             if _is_business(effect, _result_text(payload)):
                 raise _UpstreamToolError(payload)
@@ -517,6 +571,33 @@ _HEADLINES = {
 }
 
 
+def _template_key(template: str, **arguments: Any) -> str:
+    """An ``idempotency_key`` template filled in: a string argument as it is, any other as
+    canonical JSON (RFC 8785, keys sorted). The same object sent with its keys in another
+    order (a model writing the call again) makes the same key, and a key reads alike in
+    every client's language: ``true``, ``null``, not Python's ``True``, ``None``."""
+    values = {}
+    for name in template_fields(template):
+        value = arguments[name]
+        if isinstance(value, str):
+            values[name] = value
+        else:
+            plain = check_json(value, name, key_material=True)
+            values[name] = canonical(value, plain=plain)
+    return template.format_map(values)
+
+
+def _parameter(name: str) -> inspect.Parameter:
+    """A handler parameter named as the call's argument, a Python keyword too: MCP
+    arguments are JSON keys, and ``from``, ``class`` or ``in`` are common ones (a mail's
+    sender, a conversion's currency). ``inspect.Parameter`` refuses a keyword name; the
+    handler is only ever called with keywords, so the name need not be one Python could
+    spell, and the core binds such calls by name without ``Signature.bind``."""
+    parameter = inspect.Parameter("_", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    parameter._name = name  # type: ignore[attr-defined]
+    return parameter
+
+
 async def _quietly(done: Awaitable[Any]) -> None:
     """Wait for a requester note; one that failed is logged, never the call's problem."""
     try:
@@ -536,6 +617,14 @@ def _effect_meta(events: list[EffectEvent]) -> dict[str, Any]:
         return {}
     last = events[-1]
     return {META_EFFECT_ID: last.effect_id, META_OUTCOME: last.outcome}
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value is, in the words of the protocol's JSON, not Python's."""
+    if value is None:
+        return "null"
+    kinds = {dict: "an object", list: "a list", bool: "true/false", int: "a number"}
+    return kinds.get(type(value), "a number" if isinstance(value, float) else type(value).__name__)
 
 
 def _is_business(effect: ToolEffect, text: str) -> bool:
@@ -616,6 +705,19 @@ def _error(text: str, signal: dict[str, Any]) -> types.CallToolResult:
         structured_content=signal,
         is_error=True,
     )
+
+
+def _unreplayable(exc: ResultUnavailableError, tool: str) -> types.CallToolResult:
+    signal = {
+        "status": HAPPENED,
+        "tool": tool,
+        "effect_id": exc.effect_id,
+        "instruction": (
+            "This call happened: it is recorded as done, but the upstream's answer could not"
+            f" be stored ({exc.detail}), so it cannot be given again. Do not call it again."
+        ),
+    }
+    return _error(f"Happened; its answer cannot be given again.\n{signal['instruction']}", signal)
 
 
 def _refused(tool: str, why: str) -> types.CallToolResult:
