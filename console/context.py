@@ -159,15 +159,22 @@ class Requester:
     host: str
     pid: str
     run: str  # the scope (run id), or "" for an explicit key without one
+    # Who the agent asked for (``oo.requested_by``: a user, an MCP client and session).
+    requested_by: str = ""
 
     def __str__(self) -> str:
         where = f"{self.host} pid {self.pid}" if self.pid else self.agent
+        if self.requested_by:
+            where = f"{self.requested_by} via {where}"
         return f"{where}, run {self.run}" if self.run else where
 
 
-def requester(first_actor: str | None, scope: str | None) -> Requester | None:
+def requester(
+    first_actor: str | None, scope: str | None, requested_by: str = ""
+) -> Requester | None:
     """From the journal's first line: ``agent:<host:pid:token>`` (the core's owner name),
-    ``agent:<host:pid>`` (older ledgers) or ``agent:<a name the agent chose>``."""
+    ``agent:<host:pid>`` (older ledgers) or ``agent:<a name the agent chose>``, and who the
+    agent asked for, if its evidence says (``requested_by``)."""
     if not first_actor or not first_actor.startswith("agent:"):
         return None
     owner = first_actor.removeprefix("agent:")
@@ -176,9 +183,9 @@ def requester(first_actor: str | None, scope: str | None) -> Requester | None:
         parts = owner.rsplit(":", 1)
     host, pid = (parts[0], parts[1]) if len(parts) > 1 else (owner, "")
     if not (host and pid.isdigit()):
-        return Requester(owner, owner, "", scope or "")
+        return Requester(owner, owner, "", scope or "", requested_by)
     # The token after the pid only tells processes with one pid apart: no reader needs it.
-    return Requester(f"{host}:{pid}", host, pid, scope or "")
+    return Requester(f"{host}:{pid}", host, pid, scope or "", requested_by)
 
 
 @dataclass(frozen=True)

@@ -136,7 +136,7 @@ def human_queue(
             e,
             max(0.0, at - e.updated_at),
             tiers[e.tool],
-            requester(actors.get(e.id), e.scope),
+            _requester(actors, e),
             probe_verdict(e.verification_evidence),
             new=since is not None and e.updated_at > since,
             facts=[*amounts(args), *customer(args)][:3],
@@ -146,8 +146,9 @@ def human_queue(
     return Queue(items, counts, at)
 
 
-def first_actors(effect_ids: list[str]) -> dict[str, str]:
-    """Who made each effect: the actor of its first journal line. Two queries, both on the
+def first_actors(effect_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """Who made each effect: the actor of its first journal line, and who it was asked for
+    (``requested_by`` in that line's evidence, "" if none). Two queries, both on the
     journal's key (effect_id, seq), whatever the number of effects."""
     if not effect_ids:
         return {}
@@ -158,7 +159,25 @@ def first_actors(effect_ids: list[str]) -> dict[str, str]:
         .values_list("first", flat=True)
     )
     lines = JournalEntry.objects.filter(effect_id__in=effect_ids, seq__in=list(firsts))
-    return dict(lines.values_list("effect_id", "actor"))
+    found = {}
+    for effect_id, actor, evidence_json in lines.values_list("effect_id", "actor", "evidence_json"):
+        found[effect_id] = (actor, _requested_by(evidence_json))
+    return found
+
+
+def _requester(actors: dict[str, tuple[str, str]], effect: Effect) -> Requester | None:
+    actor, asked = actors.get(effect.id, (None, ""))
+    return requester(actor, effect.scope, asked)
+
+
+def _requested_by(evidence_json: str | None) -> str:
+    if not evidence_json or '"requested_by"' not in evidence_json:
+        return ""
+    try:
+        asked = json.loads(evidence_json).get("requested_by")
+    except (ValueError, AttributeError):
+        return ""
+    return asked if isinstance(asked, str) else ""
 
 
 def ledger_now() -> float:
@@ -455,6 +474,12 @@ def distinct_tools() -> list[str]:
 
 def effect(effect_id: str) -> Effect | None:
     return Effect.objects.filter(id=effect_id).first()  # primary key
+
+
+def effect_fence(effect_id: str) -> int | None:
+    """The effect's fence alone, by primary key: what an open page's poll compares (every
+    5 s per open page, so it reads one integer, not the arguments and evidence)."""
+    return Effect.objects.filter(id=effect_id).values_list("fence", flat=True).first()
 
 
 def journal(effect_id: str) -> Iterator[JournalEntry]:

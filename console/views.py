@@ -9,12 +9,15 @@ is a 404 for everyone allowed to look.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import math
+import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
@@ -59,6 +62,39 @@ class HtmxHttpRequest(HttpRequest):
     htmx: HtmxDetails
 
 
+_FENCE = re.compile(r"[0-9]{1,19}")
+
+access_log = logging.getLogger("openonce.request")
+
+
+def explains_bad_input[V: Callable[..., Any]](view: V) -> V:
+    """A request this view cannot read (``BadRequest``: a garbled page link, an unknown
+    ``last``, a run without its scope) is a 400 page saying what is wrong, logged as one
+    line. Django's own answer names nothing (its 400 page gets no message) and logs a
+    traceback for each one."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return view(request, *args, **kwargs)
+        except BadRequest as exc:
+            access_log.warning(
+                "bad request: path=%s reason=%s", one_line(request.path), one_line(str(exc))
+            )
+            template = "400.html#refusal" if _from_htmx(request) else "400.html"
+            response = render(request, template, {"exception": str(exc)}, status=400)
+            patch_vary_headers(response, ("HX-Request",))
+            return response
+
+    return cast(V, wrapper)
+
+
+def _from_htmx(request: HttpRequest) -> bool:
+    """An htmx request that swaps the answer into a page (not a history restore)."""
+    htmx = getattr(request, "htmx", None)  # django_htmx's middleware sets it
+    return bool(htmx) and not htmx.history_restore_request
+
+
 QUEUE_LABELS = {
     "requires_approval": "Awaiting approval",
     "human_review": "In human review",
@@ -88,6 +124,7 @@ def sign_in(request: HtmxHttpRequest) -> HttpResponse:
 @require_GET
 @login_required
 @permission_required(VIEW)
+@explains_bad_input
 def queue(request: HtmxHttpRequest) -> HttpResponse:
     kind = request.GET.get("kind", "")
     if kind not in (*selectors.QUEUE_KINDS, *selectors.WAITING_KINDS):
@@ -174,20 +211,24 @@ def effect_list(request: HtmxHttpRequest) -> HttpResponse:
 @login_required
 @permission_required(VIEW)
 def effect_detail(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
-    effect = _get_effect_or_404(effect_id)
     shown = request.GET.get("fence", "")
-    if _wants_fragment(request) and shown.isdigit():
-        # The open page asks whether the effect moved on since it was shown: nothing to
-        # swap while its fence is the same; otherwise the page as it is now, saying so.
-        if int(shown) == effect.fence:
+    # ASCII digits only, at most a bigint's: "²" is a digit to str.isdigit but no number
+    # int() reads, and 5,000 digits are past its limit (both were a 500).
+    if _wants_fragment(request) and _FENCE.fullmatch(shown):
+        # The open page asks every 5 s whether the effect moved on since it was shown:
+        # while its fence is the same, one read of that column by primary key and an empty
+        # answer; otherwise the page as it is now, saying so.
+        if int(shown) == _fence_or_404(effect_id):
             response = HttpResponse(status=204)
         else:
+            effect = _get_effect_or_404(effect_id)
             said = decision.STATE_LABELS.get(effect.state, effect.state)
             notice = f"This effect changed while the page was open: it is {said} now."
             context = _detail_context(request, effect, notice=notice)
             response = render(request, "console/effect.html#effect", context)
         patch_vary_headers(response, ("HX-Request",))
         return response
+    effect = _get_effect_or_404(effect_id)
     return render(request, "console/effect.html", _detail_context(request, effect))
 
 
@@ -375,6 +416,7 @@ def audit(request: HtmxHttpRequest) -> HttpResponse:
 @require_GET
 @login_required
 @permission_required(EXPORT_AUDIT)
+@explains_bad_input
 def audit_export(request: HttpRequest, fmt: str) -> HttpResponse:
     form = AuditFilterForm(request.GET)
     valid = form.is_valid()
@@ -400,12 +442,24 @@ def _get_effect_or_404(effect_id: str) -> Effect:
     """Every effect is visible to whoever may read the ledger; an id that names none is a
     404 (the same answer a hidden one would get, so ids cannot be probed). One no
     database could hold (a NUL byte, a novel's length) names none either."""
-    if len(effect_id) > 200 or "\x00" in effect_id:
-        raise Http404("no effect with that id")
+    _check_id(effect_id)
     effect = selectors.effect(effect_id)
     if effect is None:
         raise Http404("no effect with that id")
     return effect
+
+
+def _fence_or_404(effect_id: str) -> int:
+    _check_id(effect_id)
+    fence = selectors.effect_fence(effect_id)
+    if fence is None:
+        raise Http404("no effect with that id")
+    return fence
+
+
+def _check_id(effect_id: str) -> None:
+    if len(effect_id) > 200 or "\x00" in effect_id:
+        raise Http404("no effect with that id")
 
 
 @dataclass(frozen=True)
@@ -517,7 +571,7 @@ def _detail_context(
         and (a.expires_at is None or a.expires_at > at)
     }
     args = effect.args
-    first_actor = selectors.first_actors([effect.id]).get(effect.id)
+    first_actor, requested_by = selectors.first_actors([effect.id]).get(effect.id, (None, ""))
     meaning, next_step = decision.STATE_MEANINGS.get(effect.state, ("", ""))
     capabilities = selectors.capabilities_for(effect.tool)
     probed = effect.tool in selectors.registered_probers()
@@ -528,7 +582,7 @@ def _detail_context(
         "arguments": list(args.items()) if isinstance(args, dict) else [("(all)", args)],
         "amounts": decision.amounts(args),
         "customer": decision.customer(args),
-        "requester": decision.requester(first_actor, effect.scope),
+        "requester": decision.requester(first_actor, effect.scope, requested_by),
         "verdict": decision.probe_verdict(effect.verification_evidence),
         "meaning": meaning,
         "next_step": next_step,
@@ -672,6 +726,7 @@ def _absolute_params(form: Form, window: Window | None, field: str) -> list[tupl
 @require_GET
 @login_required
 @permission_required(VIEW)
+@explains_bad_input
 def run_timeline(request: HtmxHttpRequest) -> HttpResponse:
     """Every effect of one agent run (scope), oldest first, with its journal lines."""
     scope = request.GET.get("scope", "")
@@ -691,6 +746,7 @@ def run_timeline(request: HtmxHttpRequest) -> HttpResponse:
 @require_GET
 @login_required
 @permission_required(VIEW)
+@explains_bad_input
 def effects_export(request: HttpRequest, fmt: str) -> HttpResponse | StreamingHttpResponse:
     """The effects list's current filter as a download, newest first, at most
     EFFECTS_EXPORT_LIMIT rows; ``X-OpenOnce-Next-After`` (and ``next_after`` in JSON) is
@@ -716,13 +772,13 @@ def effects_export(request: HttpRequest, fmt: str) -> HttpResponse | StreamingHt
     )
 
 
-access_log = logging.getLogger("openonce.request")
-
-
 def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
     """The 403 page (``handler403``). Django would log each refusal with a full traceback;
     a refusal is no bug, so it is one line here: who, where and why (the security log
-    has its own line from ``access.deny``)."""
+    has its own line from ``access.deny``). To htmx (a decision's form, a poll) the
+    refusal alone, which it swaps in where the answer was to go (base.html's
+    htmx-config): a whole page would not be swapped, and the click would seem to do
+    nothing."""
     user = getattr(request, "user", None)
     name = user.get_username() if user is not None and user.is_authenticated else "(anonymous)"
     access_log.warning(
@@ -731,7 +787,9 @@ def permission_denied(request: HttpRequest, exception: Exception) -> HttpRespons
         one_line(request.path),
         one_line(str(exception) or "permission denied"),
     )
-    response = render(request, "403.html", {"exception": exception}, status=403)
+    template = "403.html#refusal" if _from_htmx(request) else "403.html"
+    response = render(request, template, {"exception": exception}, status=403)
+    patch_vary_headers(response, ("HX-Request",))
     # Django's request log skips a response already logged: no second line, no traceback.
     response._has_been_logged = True  # type: ignore[attr-defined]
     return response

@@ -17,6 +17,10 @@ interval), so two beats or workers racing for an interval send one message
 and its deliveries take its outcome. Every failed attempt, of a delivery or a digest, is
 kept in its ``failures``: the effect's page lists them after a retry succeeded.
 
+Every time a tick writes or compares (a gap's age, a claim's expiry, a retry, a digest's
+interval) is the ledger's clock (``ledger_now``), the one the journal's times are written
+on: notifiers on hosts whose clocks disagree agree on them.
+
 Every query a tick runs is answered by an index range of what is new or due, never by a
 walk through history: the journal by ``seq`` (openonce_journal_seq on Postgres, the rowid
 on SQLite), a message's line by the journal's key (effect_id, seq), the effects by their
@@ -28,7 +32,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +41,7 @@ from django.db.models import Max
 from django.urls import reverse
 
 from console.context import amounts
+from ledger.clients import get_openonce
 from ledger.models import Effect, JournalEntry
 
 from . import config, senders
@@ -63,10 +67,19 @@ class TickReport:
 
 
 def tick(now: float | None = None) -> TickReport:
-    now = time.time() if now is None else now
+    now = ledger_now() if now is None else now
     read, owed = scan(now)
     sent, failed = deliver(now)
     return TickReport(read, owed, sent, failed)
+
+
+def ledger_now() -> float:
+    """The ledger's clock (the database's on Postgres), which wrote the journal's times:
+    every notifier judges a gap's age, a claim's expiry, a retry's and a digest's interval
+    on it, so two notifiers on hosts whose clocks disagree still agree. Judged on a host
+    clock running ahead, a line still being committed looked old and was passed over,
+    and another notifier's claim looked expired and its message was sent twice."""
+    return get_openonce().clock.now()
 
 
 def scan(now: float | None = None, limit: int = SCAN_LIMIT) -> tuple[int, int]:
@@ -74,7 +87,7 @@ def scan(now: float | None = None, limit: int = SCAN_LIMIT) -> tuple[int, int]:
     channel wants. Returns (lines read, deliveries owed). Two scans at once take turns
     on the cursor row; the unique (journal line, channel) makes a repeat harmless. With
     no channel configured it reads no lines: it moves the cursor to the newest."""
-    now = time.time() if now is None else now
+    now = ledger_now() if now is None else now
     wanted = config.channels()
     if not wanted:
         _skip_to_newest()
@@ -161,7 +174,7 @@ def deliver(now: float | None = None, limit: int = SEND_LIMIT) -> tuple[int, int
     """Send due deliveries, each claimed first (a conditional update, so two workers
     never send one twice at once), then claim and send the digests of the channels that
     have one. Returns (messages sent, failed attempts)."""
-    now = time.time() if now is None else now
+    now = ledger_now() if now is None else now
     wanted = config.channels()
     by_name = {c.name: c for c in wanted}
     _release_undigested({c.name for c in wanted if c.digest is not None}, now)

@@ -38,6 +38,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 from django.conf import settings
 from django.core.mail import send_mail
 
+from ledger.logsafe import one_line
 from openonce_core._redact import redact_text
 from openonce_core._textsafe import has_hidden, is_hidden
 
@@ -213,9 +214,17 @@ def send(channel: Channel, message: Message | DigestMessage, now: float) -> Outc
     return _post(channel, body, headers)
 
 
+def line(text: str) -> str:
+    """``text`` on one line: a line break, tab or other control written out (``\\x0a``).
+    A mail and a Slack message are text a person reads line by line, and a tool name or
+    a reason is the agent's: with a line break in it, it wrote a line of the message's
+    own ("The queue: <a link>") under OpenOnce's name."""
+    return one_line(text)
+
+
 def _slack(message: Message | DigestMessage) -> dict[str, Any]:
     def esc(text: str) -> str:  # Slack's mrkdwn: these three are control characters
-        return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        return line(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
     if isinstance(message, DigestMessage):
         lines = [f"*{esc(message.headline)}*"]
@@ -330,16 +339,17 @@ def _connection(parts: SplitResult, address: str) -> http.client.HTTPConnection:
 def _email(channel: Channel, message: Message | DigestMessage) -> Outcome:
     if isinstance(message, DigestMessage):
         listed = "".join(
-            f"* {item.tool}{' ' + item.amount if item.amount else ''}: {item.link}\n"
+            f"* {line(item.tool)}{' ' + line(item.amount) if item.amount else ''}: {item.link}\n"
             for item in message.items
         )
         more = f"and {message.more} more.\n" if message.more else ""
         body = f"{message.headline}.\n\n{listed}{more}\nThe queue: {message.link}\n"
     else:
         body = (
-            f"{message.headline}.\n\n{message.reason}\n\nOpen it in the console: {message.link}\n"
+            f"{line(message.headline)}.\n\n{line(message.reason)}\n\n"
+            f"Open it in the console: {message.link}\n"
         )
-    subject = " ".join(message.headline.split())  # a header: no line breaks
+    subject = line(message.headline)  # a header: no line breaks
     try:
         send_mail(
             f"[OpenOnce] {subject}",

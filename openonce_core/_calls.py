@@ -25,7 +25,7 @@ from ._bridge import HandlerNotStarted
 from ._canonical import dumps, loads
 from ._classify import Classifier, FailureClass
 from ._clock import Clock, monotonic_of
-from ._context import EffectContext
+from ._context import EffectContext, _requested_by
 from ._failures import (
     contains_secret,
     describe,
@@ -232,12 +232,16 @@ class CallPath:
         self._remember(known)
         effect, why = self._new_effect(call)
         action = "request_approval" if effect.state == S.REQUIRES_APPROVAL else "claim"
+        evidence: dict[str, Any] | None = {"attempt": 1} if action == "claim" else None
+        asked_by = _requested_by.get()
+        if asked_by is not None:
+            evidence = {**(evidence or {}), "requested_by": asked_by}
         inserted, row = self.ledger.create(
             effect,
             action,
             actor=f"agent:{self.owner}",
             reason=why,
-            evidence={"attempt": 1} if action == "claim" else None,
+            evidence=evidence,
             find=True,
         )
         if not inserted:

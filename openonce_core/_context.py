@@ -13,6 +13,11 @@ from .errors import OpenOnceError
 S = EffectState
 
 _scope: contextvars.ContextVar[str | None] = contextvars.ContextVar("openonce_scope", default=None)
+# Who the calls are made for (a user, an MCP client and its session): written into each
+# new effect's first journal line, where the console reads its requester.
+_requested_by: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "openonce_requested_by", default=None
+)
 _current: contextvars.ContextVar[EffectContext | None] = contextvars.ContextVar(
     "openonce_effect", default=None
 )

@@ -20,8 +20,9 @@ configuration lists through the ledger, exactly as ``@oo.effect`` runs a handler
   effect and its console page. Bad calls (arguments that do not fit the tool's input
   schema, a missing idempotency field, a float in key material, a NUL) are refused
   before anything is written or sent.
-* Who asked (the MCP client's name and session) is journaled on the effect as a note by
-  ``mcp:<client>#<session>``, the console's requester.
+* Who asked (the MCP client's name and session, ``mcp:<client>#<session>``) goes into the
+  claim's own journal line (``oo.requested_by``), the console's requester; another session
+  asking for an effect that waits for approval is journaled as a note for the approver.
 * Tools not listed pass through, unrecorded.
 * Each upstream's connection lives in a task of its own: one that breaks is opened again
   (a stdio server started again) without taking the gateway down.
@@ -139,7 +140,6 @@ class Caller:
         return f"mcp:{self.client}" + (f"#{self.session}" if self.session else "")
 
 
-_caller: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("mcp_caller", default=None)
 _events: contextvars.ContextVar[list[EffectEvent] | None] = contextvars.ContextVar(
     "mcp_events", default=None
 )
@@ -335,10 +335,14 @@ class Gateway:
             return _refused(effect.tool, why)
         handler = self._declare(effect, tuple(arguments))
         events: list[EffectEvent] = []
-        caller_token = _caller.set(caller)
         events_token = _events.set(events)
         try:
-            with self.oo.scope(scope) if scope else contextlib.nullcontext():
+            # Who asked goes into the claim's own journal line (the console's requester),
+            # in the claim's commit: no third commit on the call's path.
+            with (
+                self.oo.scope(scope) if scope else contextlib.nullcontext(),
+                self.oo.requested_by(caller.actor) if caller else contextlib.nullcontext(),
+            ):
                 result = await handler(**arguments)
         except STOPS as exc:
             if isinstance(exc, ApprovalPending) and exc.effect_id:
@@ -365,7 +369,6 @@ class Gateway:
             return _refused(effect.tool, str(exc))
         finally:
             _events.reset(events_token)
-            _caller.reset(caller_token)
         return _with_meta(result, _effect_meta(events), self._output_schema(effect.name))
 
     def _bad_meta(self, meta: Mapping[str, Any]) -> str:
@@ -481,16 +484,6 @@ class Gateway:
             sent[effect.provider_key_argument] = ctx.provider_key
         meta = {META_PROVIDER_KEY: ctx.provider_key, META_EFFECT_ID: ctx.effect_id}
         timeout = effect.timeout_seconds or upstream.spec.timeout_seconds
-        # Who asked is journaled while the request is out: the note's commit overlaps the
-        # upstream's answer instead of adding to the call's time.
-        caller = _caller.get()
-        noted = (
-            asyncio.get_running_loop().run_in_executor(
-                None, self._note_requester, ctx.effect_id, caller
-            )
-            if caller is not None
-            else None
-        )
         try:
             result = await upstream.call(effect.name, sent, meta, timeout)
         except MCPError as exc:
@@ -507,9 +500,6 @@ class Gateway:
             raise _UpstreamOutcomeUnknown(
                 f"the upstream {upstream.spec.name!r} was lost: {type(exc).__name__}: {exc}"
             ) from None
-        finally:
-            if noted is not None:
-                await _quietly(noted)
         payload = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         payload.pop("_meta", None)
         if result.is_error and not await upstream.lists(effect.name):
@@ -533,7 +523,10 @@ class Gateway:
     def _note_requester(self, effect_id: str, caller: Caller, *, once: bool = False) -> None:
         """Journal who asked (the console's requester). ``once``: not if this caller is
         journaled on the effect already (a call repeated while it waits for approval)."""
-        if once and any(line.actor == caller.actor for line in self.oo.journal(effect_id)):
+        if once and any(
+            caller.actor in (line.actor, (line.evidence or {}).get("requested_by"))
+            for line in self.oo.journal(effect_id)
+        ):
             return
         session = f", session {caller.session}" if caller.session else ""
         self.oo.ledger.note(

@@ -31,7 +31,7 @@ from ._bridge import run_on_loop
 from ._calls import CallPath
 from ._classify import Classifier
 from ._clock import Clock, ClockLike, as_clock
-from ._context import EffectContext, _current, _scope
+from ._context import EffectContext, _current, _requested_by, _scope
 from ._contracts import Contracts
 from ._decisions import Decisions
 from ._keys import Call, Spec, check_text, make_spec, prepare
@@ -226,6 +226,21 @@ class OpenOnce(Contracts, CallPath, Decisions):
             yield scope_id
         finally:
             _scope.reset(token)
+
+    @contextmanager
+    def requested_by(self, who: str) -> Iterator[str]:
+        """Record the effects first claimed inside as asked for by ``who`` (a user, an MCP
+        client and its session): the claim's journal line carries it, in the same commit,
+        and the console shows it as the requester. Duplicates of an effect keep the first
+        requester."""
+        if type(who) is not str or not who:
+            raise ValueError("requested_by needs a non-empty string naming who asked")
+        check_text(who, "requested_by")
+        token = _requested_by.set(who)
+        try:
+            yield who
+        finally:
+            _requested_by.reset(token)
 
     def _prepare(self, spec: Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
         call = prepare(spec, args, kwargs, _scope.get(), self.secret_pepper)

@@ -268,9 +268,9 @@ def test_the_requester_is_journaled_with_the_effect(tmp_path):
             "pay", {"order": "o-9", "amount_cents": 1}, meta={"openonce/session": "sess-9"}
         )
         journal = setup.oo.journal((answer.meta or {})["openonce/effect_id"])
-        notes = [line for line in journal if line.action == "note"]
-        assert [n.actor for n in notes] == ["mcp:test-agent#sess-9"]
-        assert "test-agent" in notes[0].reason
+        # In the claim's own line and commit: no third commit on the call's path.
+        assert [line.action for line in journal] == ["claim", "finish"]
+        assert (journal[0].evidence or {}).get("requested_by") == "mcp:test-agent#sess-9"
 
     run(tmp_path, body)
 
@@ -331,8 +331,13 @@ def test_the_person_asked_to_approve_sees_who_asked_once(tmp_path):
         asked = await client.call_tool("refund", {"charge": "ch_7"}, meta=meta)
         await client.call_tool("refund", {"charge": "ch_7"}, meta=meta)
         effect_id = (asked.structured_content or {})["effect_id"]
+        journal = setup.oo.journal(effect_id)
+        assert (journal[0].evidence or {}).get("requested_by") == "mcp:test-agent#sess-7"
+        assert [line for line in journal if line.action == "note"] == []  # asked once
+        # Another session asking for the same effect is noted for the approver.
+        await client.call_tool("refund", {"charge": "ch_7"}, meta={"openonce/session": "s-8"})
         notes = [line.actor for line in setup.oo.journal(effect_id) if line.action == "note"]
-        assert notes == ["mcp:test-agent#sess-7"]
+        assert notes == ["mcp:test-agent#s-8"]
 
     run(tmp_path, body)
 

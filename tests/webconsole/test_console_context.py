@@ -294,3 +294,14 @@ def test_a_rearm_that_would_be_refused_is_not_offered(agent: Agent, users) -> No
     assert "not offered, because a miss is not evidence for this provider" in page
     page = html(client_for(users["admin"]).get(reverse("effect", args=[effect_id])))
     assert 'id="action-resolve-not-happened"' in page  # the override permission
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_page_and_the_queue_name_who_the_agent_asked_for(agent: Agent, users) -> None:
+    with agent.oo.requested_by("mcp:claude-code#sess-4"):
+        effect_id = agent.pending(charge="ch_for", amount=700)
+    viewer = client_for(users["viewer"])
+    page = html(viewer.get(reverse("effect", args=[effect_id])))
+    assert "mcp:claude-code#sess-4</code> through the agent on host" in page
+    queue = html(viewer.get(reverse("queue")))
+    assert "mcp:claude-code#sess-4 via " in queue
