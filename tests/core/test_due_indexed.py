@@ -30,6 +30,7 @@ from openonce_core.testing import FakeClock
 S = EffectState
 FRESH = "openonce_effects_unknown_fresh"
 NEXT = "openonce_effects_unknown_next"
+FRESH_TOOL = "openonce_effects_unknown_fresh_tool"
 
 
 @pytest.fixture
@@ -279,16 +280,20 @@ def test_an_effect_changed_by_a_clock_that_stepped_back_waits_its_pause(
     assert due_now() == {fresh, backoff}
 
 
-def test_the_fresh_tools_are_read_past_a_page_of_fresh_effects(
-    oo: OpenOnce, clock: FakeClock
+def test_the_fresh_tools_cost_one_read_per_tool_not_per_effect(
+    oo: OpenOnce, clock: FakeClock, monkeypatch
 ) -> None:
+    # A provider down: thousands of UNKNOWN effects of one tool, read by the sweep, every
+    # /metrics scrape and every poll of the console's queue.
     now = clock.now()
-    copies(oo, park(oo, "acme.ship", now - 600), 700)  # more than one page of keys
-    park(oo, "slow.sync", now - 10)  # the newest: on the last page
+    copies(oo, park(oo, "acme.ship", now - 600), 2000)
+    park(oo, "slow.sync", now - 10)  # the newest
     park(oo, "held.back", now - 10, next_probe_at=now + 600)  # in backoff: not fresh
+    reads = Reads(oo.store, monkeypatch)
     assert oo.store.fresh_unknown_tools() == ["acme.ship", "slow.sync"]
+    assert len(reads.sql) == 3  # two tools and the read that finds no third
     grace = Grace(CapabilityMatrix(), overrides={"slow.sync": 3600})
-    assert count_overdue_unknown(oo.store, grace, clock, now) == 701
+    assert count_overdue_unknown(oo.store, grace, clock, now) == 2001
 
 
 def test_an_empty_ledger_has_nothing_due(oo: OpenOnce, clock: FakeClock) -> None:
@@ -320,6 +325,8 @@ BY_ID = "by id"  # a fresh effect's tool, read by primary key
 def index_for(query: str) -> str:
     if "WHERE id IN (" in query:
         return BY_ID
+    if "ORDER BY tool" in query:
+        return FRESH_TOOL
     if "next_probe_at IS NULL" in query:
         return FRESH
     if "next_probe_at IS NOT NULL" in query:
@@ -376,8 +383,8 @@ def test_postgres_reads_what_is_due_through_the_partial_indexes(
             if index_for(query) == BY_ID:
                 assert "Index Cond: (id = ANY" in plan and "Seq Scan" not in plan, plan
                 continue
-            if query.startswith("SELECT updated_at, id"):  # the fresh tools' first step
-                assert "Index Only Scan" in plan, plan
+            if index_for(query) == FRESH_TOOL:  # one probe of the tools' index
+                assert "Index Only Scan" in plan and "Limit" in plan, plan
             assert index_for(query) in plan, (query, plan)
             assert "Seq Scan" not in plan and "Sort" not in plan.replace("Sort Key", ""), plan
     oo.close()

@@ -98,7 +98,7 @@ def test_postgres_v3_ledger_migrates_to_the_journal_keyed_by_effect(pg_dsn: str)
         before = conn.execute(JOURNAL + " ORDER BY seq").fetchall()
     store = PostgresStore(pg_dsn)
 
-    assert store.migrate() == SCHEMA_VERSION == 5
+    assert store.migrate() == SCHEMA_VERSION == 6
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         assert conn.execute(JOURNAL + " ORDER BY seq").fetchall() == before
@@ -133,7 +133,7 @@ def test_postgres_v3_ledger_migrates_to_the_journal_keyed_by_effect(pg_dsn: str)
     works_after_upgrade(store)
 
 
-def test_postgres_v4_ledger_migrates_to_v5_keeping_every_row(pg_dsn: str) -> None:
+def test_postgres_v4_ledger_migrates_to_the_current_schema_keeping_every_row(pg_dsn: str) -> None:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         install_up_to(conn.execute, "postgres", 4)
         copy_old_rows(conn.execute, "%s")
@@ -141,7 +141,7 @@ def test_postgres_v4_ledger_migrates_to_v5_keeping_every_row(pg_dsn: str) -> Non
         journal = conn.execute(JOURNAL + " ORDER BY seq").fetchall()
     store = PostgresStore(pg_dsn)
 
-    assert store.migrate() == SCHEMA_VERSION == 5
+    assert store.migrate() == SCHEMA_VERSION == 6
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         assert conn.execute(EFFECTS).fetchall() == effects
@@ -166,7 +166,9 @@ def test_postgres_v4_ledger_migrates_to_v5_keeping_every_row(pg_dsn: str) -> Non
 
 
 @pytest.mark.parametrize("version", [3, 4])
-def test_sqlite_old_ledger_migrates_to_v5_keeping_every_row(tmp_path, version: int) -> None:
+def test_sqlite_old_ledger_migrates_to_the_current_schema_keeping_every_row(
+    tmp_path, version: int
+) -> None:
     path = str(tmp_path / "ledger.db")
     conn = sqlite3.connect(path, isolation_level=None)
     install_up_to(conn.execute, "sqlite", version)
@@ -175,12 +177,12 @@ def test_sqlite_old_ledger_migrates_to_v5_keeping_every_row(tmp_path, version: i
     journal = conn.execute(JOURNAL + " ORDER BY seq").fetchall()
     store = SQLiteStore(path)
 
-    assert store.migrate() == SCHEMA_VERSION == 5
+    assert store.migrate() == SCHEMA_VERSION == 6
 
     assert conn.execute(EFFECTS).fetchall() == effects
     assert conn.execute(JOURNAL + " ORDER BY seq").fetchall() == journal
     versions = conn.execute("SELECT version FROM openonce_schema ORDER BY 1").fetchall()
-    assert versions == [(v,) for v in range(1, 6)]
+    assert versions == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
     plan = conn.execute(
         "EXPLAIN QUERY PLAN SELECT * FROM openonce_journal WHERE effect_id = ? ORDER BY seq",
         (journal[0][1],),

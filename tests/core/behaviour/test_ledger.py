@@ -85,7 +85,7 @@ def test_schema_version_and_repeated_migrate(store, store_kind):
         return "sent"
 
     send("a@b.c")
-    assert store.schema_version() == SCHEMA_VERSION == 5
+    assert store.schema_version() == SCHEMA_VERSION == 6
     assert store.migrate() == SCHEMA_VERSION
     assert store.migrate() == SCHEMA_VERSION
     assert store.schema_version() == SCHEMA_VERSION
@@ -93,12 +93,12 @@ def test_schema_version_and_repeated_migrate(store, store_kind):
     assert calls == ["a@b.c"]
     if store_kind == "sqlite":
         rows = sqlite3.connect(store.path).execute("SELECT version FROM openonce_schema")
-        assert rows.fetchall() == [(1,), (2,), (3,), (4,), (5,)]
+        assert rows.fetchall() == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
     elif store_kind == "postgres":
         import psycopg
 
         with psycopg.connect(store.dsn) as conn:
             rows = conn.execute("SELECT version FROM openonce_schema ORDER BY 1").fetchall()
-        assert rows == [(1,), (2,), (3,), (4,), (5,)]
+        assert rows == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
     else:
         assert isinstance(store, InMemoryStore)
