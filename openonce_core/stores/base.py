@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from .._clock import Clock
+from .._clock import Clock, ClockUnavailableError
 from .._records import Approval, Effect, JournalEntry
 from ._wake import WakeBoard
 from .sql import Cutoff, ReplayRow
@@ -131,8 +131,9 @@ class Store(Protocol):
 
 
 def ledger_errors(store: Any) -> tuple[type[BaseException], ...]:
-    """``store.unavailable``, or nothing for a store that does not say."""
-    return getattr(store, "unavailable", ())
+    """``store.unavailable`` (nothing for a store that does not say), and on any store a
+    database clock not read yet: no ledger time to write with."""
+    return (*getattr(store, "unavailable", ()), ClockUnavailableError)
 
 
 class Watch:

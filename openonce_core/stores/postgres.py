@@ -53,7 +53,7 @@ import psycopg
 
 from .. import _forksafe as forksafe
 from .. import _schema as schema
-from .._clock import ClockLike, ClockUnavailableError, DatabaseClock, as_clock
+from .._clock import ClockLike, DatabaseClock, as_clock
 from .._records import Approval, Effect, JournalEntry
 from . import sql
 from ._wake import WakeBoard
@@ -286,11 +286,9 @@ def _is_disconnect(exc: BaseException) -> bool:
 class PostgresStore(sql.SQLStore):
     dialect = "postgres"
     # The server down or restarting, a dropped connection, a pool wait that timed out (all
-    # psycopg.OperationalError), or no reading of the database's clock yet.
-    unavailable: tuple[type[BaseException], ...] = (
-        psycopg.OperationalError,
-        ClockUnavailableError,
-    )
+    # psycopg.OperationalError). (No reading of the database's clock yet counts on every
+    # store: stores.base.ledger_errors.)
+    unavailable: tuple[type[BaseException], ...] = (psycopg.OperationalError,)
 
     def __init__(
         self,

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from openonce_core import OpenOnce, Store
+from openonce_core import LedgerUnavailableError, OpenOnce, Store
 from openonce_core import _leases as leases
 from openonce_core._clock import ClockUnavailableError, DatabaseClock
 from openonce_core._leases import HOST, LeaseKeeper, dead_owner, process_owner
@@ -418,8 +418,9 @@ def test_a_database_clock_that_cannot_be_read_yet_runs_nothing(store: Store) -> 
         calls.append(parcel)
         return "shipped"
 
-    with pytest.raises(ClockUnavailableError):
+    with pytest.raises(LedgerUnavailableError) as refused:  # a NothingRanError
         ship("p-1")
+    assert isinstance(refused.value.__cause__, ClockUnavailableError)
     assert calls == [] and store.list_effects(None, 10) == []  # nothing STARTED, not called
     assert ship("p-1") == "shipped"  # the next call reads the database's clock again
     effect = store.find("acme.ship", "p-1")
