@@ -84,6 +84,7 @@ def explains_bad_input[V: Callable[..., Any]](view: V) -> V:
             template = "400.html#refusal" if _from_htmx(request) else "400.html"
             response = render(request, template, {"exception": str(exc)}, status=400)
             patch_vary_headers(response, ("HX-Request",))
+            response._has_been_logged = True  # type: ignore[attr-defined]  # logged above
             return response
 
     return cast(V, wrapper)

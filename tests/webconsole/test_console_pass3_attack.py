@@ -112,6 +112,7 @@ def test_a_request_that_cannot_be_read_says_why_in_a_400_and_one_log_line(
     assert [r for r in caplog.records if r.exc_info] == []
     lines = [r.getMessage() for r in caplog.records if r.name == "openonce.request"]
     assert len(lines) == 1 and lines[0].startswith("bad request: path=")
+    assert [r for r in caplog.records if r.name == "django.request"] == []  # one line only
 
     fragment = client.get(reverse(name), query, **HX)
     assert fragment.status_code == 400
