@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,24 +179,9 @@ def deliver(now: float | None = None, limit: int = SEND_LIMIT) -> tuple[int, int
     wanted = config.channels()
     by_name = {c.name: c for c in wanted}
     _release_undigested({c.name for c in wanted if c.digest is not None}, now)
-    due = list(
-        Delivery.objects.filter(status=Delivery.PENDING, next_attempt_at__lte=now)
-        .order_by("next_attempt_at", "id")
-        .values_list("id", "claimed_until")[:limit]
-    )
     sent = failed = 0
-    for delivery_id, claimed_until in due:
-        delivery = _claim(Delivery, delivery_id, claimed_until, now)
-        if delivery is None:
-            continue
-        channel = by_name.get(delivery.channel)
-        if channel is None:
-            _give_up(Delivery, delivery, now, GONE)
-            failed += 1
-            continue
-        outcome = senders.send(channel, _message(delivery), now)
-        _record(Delivery, delivery, now, outcome)
-        if outcome.ok:
+    for delivery in _claimed_due(Delivery, now, limit):
+        if _attempt(Delivery, delivery, by_name, now, _message) == Delivery.SENT:
             sent += 1
         else:
             failed += 1
@@ -224,6 +210,36 @@ def _claim[T: (Delivery, Digest)](
     if claimed != 1:
         return None  # another worker got there first
     return model.objects.filter(id=row_id).first()
+
+
+def _claimed_due[T: (Delivery, Digest)](model: type[T], now: float, limit: int) -> Iterator[T]:
+    """The rows due at ``now``, oldest first, each claimed for this attempt as it comes
+    (one another worker is sending, or took first, is passed over)."""
+    due = list(
+        model.objects.filter(status=model.PENDING, next_attempt_at__lte=now)
+        .order_by("next_attempt_at", "id")
+        .values_list("id", "claimed_until")[:limit]
+    )
+    for row_id, claimed_until in due:
+        row = _claim(model, row_id, claimed_until, now)
+        if row is not None:
+            yield row
+
+
+def _attempt[T: (Delivery, Digest)](
+    model: type[T],
+    row: T,
+    by_name: dict[str, config.Channel],
+    now: float,
+    message: Callable[[T], Any],
+) -> str:
+    """Send a claimed row to its channel and record the outcome (a channel no longer
+    configured gives it up). Returns the status written."""
+    channel = by_name.get(row.channel)
+    if channel is None:
+        _give_up(model, row, now, GONE)
+        return model.FAILED
+    return _record(model, row, now, senders.send(channel, message(row), now))
 
 
 def _record(
@@ -342,23 +358,9 @@ def _release_undigested(digest_channels: set[str], now: float) -> int:
 def _send_digests(by_name: dict[str, config.Channel], now: float, limit: int) -> tuple[int, int]:
     """Send the due digests, claimed and retried as deliveries are; when one is sent or
     given up, its deliveries say so too (with its failures)."""
-    due = list(
-        Digest.objects.filter(status=Digest.PENDING, next_attempt_at__lte=now)
-        .order_by("next_attempt_at", "id")
-        .values_list("id", "claimed_until")[:limit]
-    )
     sent = failed = 0
-    for digest_id, claimed_until in due:
-        digest = _claim(Digest, digest_id, claimed_until, now)
-        if digest is None:
-            continue
-        channel = by_name.get(digest.channel)
-        if channel is None:
-            _give_up(Digest, digest, now, GONE)
-            status = Digest.FAILED
-        else:
-            outcome = senders.send(channel, _digest_message(digest), now)
-            status = _record(Digest, digest, now, outcome)
+    for digest in _claimed_due(Digest, now, limit):
+        status = _attempt(Digest, digest, by_name, now, _digest_message)
         if status == Digest.SENT:
             sent += 1
         else:
