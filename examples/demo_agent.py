@@ -35,7 +35,7 @@ def main(db: str) -> None:
         return relay.send(message_id_for(ctx.provider_key, MAIL_DOMAIN), to, lose_reply)
 
     @oo.effect(tool="stripe.charge", idempotency_key=lambda order, **_: f"charge-{order}")
-    def charge(order: str, amount_cents: int, lose_reply: bool = False) -> dict:
+    def charge(order: str, amount_cents: int, currency: str, lose_reply: bool = False) -> dict:
         ctx = openonce.current_effect()
         intent = stripe.create_payment_intent(
             amount_cents, ctx.provider_key, effect_metadata(ctx), lose_reply
@@ -55,13 +55,13 @@ def main(db: str) -> None:
         except openonce.OutcomeUnknownError as exc:
             print(f"email.send     bob: SMTP reply lost -> UNKNOWN ({exc.effect_id})")
 
-    print("stripe.charge  order-1:", charge("order-1", 2_500))
+    print("stripe.charge  order-1:", charge("order-1", 2_500, "usd"))
     try:
-        charge("order-2", 4_000, lose_reply=True)
+        charge("order-2", 4_000, "usd", lose_reply=True)
     except openonce.OutcomeUnknownError as exc:
         print(f"stripe.charge  order-2: reply lost after the charge -> UNKNOWN ({exc.effect_id})")
     try:
-        charge("order-2", 4_000, lose_reply=True)
+        charge("order-2", 4_000, "usd", lose_reply=True)
     except openonce.OutcomeUnknownError:
         print("stripe.charge  order-2 retried by the agent: refused, not charged twice")
     try:
