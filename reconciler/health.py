@@ -149,7 +149,7 @@ def reconciler_health(at: datetime | None = None) -> Health:
     if stuck is not None:
         health.healthy = False
         health.reasons.append(
-            f"sweep {stuck.pk} from {stuck.started_at:%H:%M:%S} has {stuck.batches_done}/"
+            f"sweep {stuck.pk} from {stuck.started_at:%H:%M:%S} UTC has {stuck.batches_done}/"
             f"{stuck.batches} batches done (workers are not draining the queue)"
         )
     return health
@@ -175,7 +175,7 @@ def _probers(health: Health) -> None:
         )
         if row.failing:
             health.healthy = False
-            since = f" since {row.since:%H:%M:%S}" if row.since else ""
+            since = f" since {row.since:%H:%M:%S} UTC" if row.since else ""
             health.reasons.append(
                 f"{row.provider} prober failing{since}: {reason}; its effects wait"
                 " for a re-probe (fix the credentials)"
@@ -197,6 +197,6 @@ def _quarantined(health: Health) -> None:
         health.reasons.append(
             f"message {row.task_id} (effects {', '.join(row.effect_ids)}) killed its worker"
             f" {row.deliveries - 1} times and is quarantined since"
-            f" {row.quarantined_at:%H:%M:%S}; release it with manage.py reconciler_quarantine"
+            f" {row.quarantined_at:%H:%M:%S} UTC; release it with manage.py reconciler_quarantine"
             f" --release {row.task_id}"
         )

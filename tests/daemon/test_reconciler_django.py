@@ -669,7 +669,7 @@ def test_health_judged_by_recorded_sweeps(ledger, settings) -> None:
     health = reconciler_health(at=now)
     assert not health.healthy
     assert health.reasons == [
-        f"sweep {stuck.pk} from {old:%H:%M:%S} has 1/4 batches done"
+        f"sweep {stuck.pk} from {old:%H:%M:%S} UTC has 1/4 batches done"
         " (workers are not draining the queue)"
     ]
 
