@@ -112,7 +112,7 @@ async def agent(ledger: str, book: Path, run: str) -> None:
         charges = [e for e in book_of(book) if e["kind"] == "charge"]
         charged_b = sum(e["answer"]["order"] == order_b for e in charges)
         print(
-            f"payments.charge {order_b}: the agent's retry was not retried"
+            f"payments.charge {order_b}: the agent's retry was not sent to the provider"
             f" (provider charged {order_b} {times(charged_b)})"
         )
         found = next(e for e in charges if e["answer"]["order"] == order_b)
