@@ -1,13 +1,15 @@
-"""What the gateway's tests share: a config, the upstream's record of calls, a poll."""
+"""What the gateway's tests share: a config, the upstream's record of calls."""
 
 from __future__ import annotations
 
+import inspect
 import json
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 UPSTREAM = Path(__file__).resolve().parent / "mcp_upstream.py"
 
@@ -49,16 +51,17 @@ def tally(counts: Path) -> Counter[str]:
     return Counter(line["tool"] for line in received(counts))
 
 
-def poll(check: Callable[[], Any], *, deadline: float = 20.0, what: str = "") -> Any:
-    """``check()`` once it is truthy, asked again until ``deadline`` seconds have passed."""
-    end = time.monotonic() + deadline
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"waited {deadline}s for {what or check}")
-        time.sleep(0.02)
+async def until(check: Callable[[], Any], seconds: float) -> None:
+    """Return once ``check()`` (or what it returns, when that is awaitable) is truthy;
+    fail after ``seconds``. A condition the test waits for, never a fixed time."""
+    with anyio.fail_after(seconds):
+        while True:
+            value = check()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return
+            await anyio.sleep(0.01)
 
 
 def free_port() -> int:

@@ -31,14 +31,18 @@ def make_server(counts: Path) -> MCPServer:
             f.flush()
             os.fsync(f.fileno())
 
-    hold = float(os.environ.get("OO_MCP_PAY_HOLD", "0"))  # seconds pay takes to answer
+    # A file the test creates when pay may answer: a slow provider the test holds, so that a
+    # racing duplicate or a cancel arrives while the first call runs, whatever the load.
+    gate = os.environ.get("OO_MCP_PAY_GATE")
 
     @app.tool()
     async def pay(order: str, amount_cents: int, ctx: Context, note: str = "") -> dict[str, Any]:
         """Charge an order once."""
         record("pay", {"order": order, "amount_cents": amount_cents, "note": note}, ctx)
-        if hold:
-            await anyio.sleep(hold)  # a slow provider: a racing duplicate arrives meanwhile
+        if gate:
+            with anyio.fail_after(60):
+                while not os.path.exists(gate):
+                    await anyio.sleep(0.01)
         return {"order": order, "charged": amount_cents, "payment": f"pay_{order}"}
 
     @app.tool()

@@ -17,7 +17,7 @@ from mcp import Client
 
 from openonce_core import ConfigurationError, EffectState, OpenOnce
 from openonce_core.integrations.mcp import build_server, make_client, open_gateway, parse_config
-from tests.mcp.mcp_support import config, received, tally
+from tests.mcp.mcp_support import config, received, tally, until
 from tests.mcp.mcp_upstream import make_server
 
 
@@ -395,9 +395,7 @@ def test_while_the_upstream_is_lost_a_call_sends_nothing_and_records_nothing(tmp
     async def body(setup: Setup, client: Client) -> None:
         gateway_upstream = setup.gateway.routes["pay"]
         gateway_upstream.broke()  # as a connection closing under a call does
-        with anyio.fail_after(10):
-            while gateway_upstream.client is not None:
-                await anyio.sleep(0.01)
+        await until(lambda: gateway_upstream.client is None, 10)
         answer = await client.call_tool("pay", {"order": "o-13", "amount_cents": 1})
         assert (answer.structured_content or {})["status"] == "refused"
         assert "not connected" in answer.content[0].text  # type: ignore[union-attr]

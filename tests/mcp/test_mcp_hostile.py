@@ -18,7 +18,7 @@ from mcp.server import Server, ServerRequestContext
 
 from openonce_core import ConfigurationError, EffectState
 from openonce_core.integrations.mcp import build_server, load_config, open_gateway, parse_config
-from tests.mcp.mcp_support import config, tally
+from tests.mcp.mcp_support import config, tally, until
 from tests.mcp.test_mcp_gateway import Setup, run
 
 
@@ -61,7 +61,8 @@ def run_against(tmp_path: Path, upstream: Recorder, data: dict[str, Any], body: 
 
 
 def test_two_sessions_racing_the_same_call_reach_upstream_once(tmp_path, monkeypatch):
-    monkeypatch.setenv("OO_MCP_PAY_HOLD", "0.3")  # the racers arrive while the first runs
+    gate = tmp_path / "pay-may-answer"
+    monkeypatch.setenv("OO_MCP_PAY_GATE", str(gate))  # the racers arrive while the first runs
 
     async def body(setup: Setup, first: Client) -> None:
         answers: list[types.CallToolResult] = []
@@ -73,6 +74,8 @@ def test_two_sessions_racing_the_same_call_reach_upstream_once(tmp_path, monkeyp
             async with anyio.create_task_group() as group:
                 for client in (first, second, first, second):
                     group.start_soon(call, client)
+                await until(lambda: tally(setup.counts)["pay"], 10)  # the first is at the provider
+                gate.touch()
         assert [a.is_error for a in answers] == [False] * 4
         assert len({json.dumps(a.structured_content) for a in answers}) == 1
         outcomes = sorted((a.meta or {})["openonce/outcome"] for a in answers)
@@ -83,15 +86,15 @@ def test_two_sessions_racing_the_same_call_reach_upstream_once(tmp_path, monkeyp
 
 
 def test_a_call_the_client_cancels_mid_flight_settles_and_is_not_sent_again(tmp_path, monkeypatch):
-    monkeypatch.setenv("OO_MCP_PAY_HOLD", "0.3")
+    gate = tmp_path / "pay-may-answer"
+    monkeypatch.setenv("OO_MCP_PAY_GATE", str(gate))  # pay answers once the cancel is sent
 
     async def body(setup: Setup, client: Client) -> None:
         async with anyio.create_task_group() as group:
             group.start_soon(client.call_tool, "pay", {"order": "o-c", "amount_cents": 4})
-            with anyio.fail_after(10):
-                while tally(setup.counts)["pay"] == 0:
-                    await anyio.sleep(0.01)
+            await until(lambda: tally(setup.counts)["pay"], 10)
             group.cancel_scope.cancel()  # the SDK's client sends notifications/cancelled
+        gate.touch()
         again = await client.call_tool("pay", {"order": "o-c", "amount_cents": 4})
         # The upstream's answer still came back to the gateway, and is what the retry gets.
         assert not again.is_error

@@ -20,12 +20,18 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from openonce_core import EffectState, OpenOnce
-from tests.mcp.mcp_support import UPSTREAM, config, free_port, poll, received, tally
+from tests.mcp.mcp_support import UPSTREAM, config, free_port, received, tally, until
+from tests.support.daemon import wait_until
 
 pytestmark = pytest.mark.process
 
 REPO = Path(__file__).resolve().parents[2]
 OPENONCE = [sys.executable, "-m", "openonce_core.cli"]
+
+
+async def answers(call: Any) -> bool:
+    """Whether a call through the gateway got an answer, not an error."""
+    return not (await call).is_error
 
 
 def stdio_upstream(counts: Path, **env: str) -> dict[str, Any]:
@@ -146,9 +152,7 @@ def test_upstream_crashing_mid_call_is_unknown_never_sent_again_and_reconnected(
             with OpenOnce(db) as oo:
                 assert oo.get(signal["effect_id"]).state == EffectState.UNKNOWN
             # The gateway starts the upstream again; until then nothing reaches it.
-            with anyio.fail_after(30):
-                while (await client.call_tool("lookup", {"order": "o-9"})).is_error:
-                    await anyio.sleep(0.05)
+            await until(lambda: answers(client.call_tool("lookup", {"order": "o-9"})), 30)
             again = await client.call_tool("crash", {"order": "o-9"})
             assert (again.structured_content or {})["status"] == "outcome_unknown"
             other = await client.call_tool("pay", {"order": "o-10", "amount_cents": 1})
@@ -167,12 +171,12 @@ def test_over_streamable_http_both_ways_dedup_and_unknown(tmp_path):
     cfg = write_config(tmp_path, {"url": upstream_url, "timeout_seconds": 20})
     db = str(tmp_path / "ledger.db")
     with process([sys.executable, str(UPSTREAM), "--http", str(up_port)], env):
-        poll(lambda: answers_http(upstream_url), what="the upstream's HTTP server")
+        wait_until(lambda: answers_http(upstream_url), 20, "the upstream's HTTP server")
         gateway = [*OPENONCE, "--db", db, "mcp-proxy", "--config", str(cfg),
                    "--listen", f"127.0.0.1:{gw_port}"]  # fmt: skip
         with process(gateway, gateway_env()):
             url = f"http://127.0.0.1:{gw_port}/mcp"
-            poll(lambda: answers_http(url), what="the gateway's HTTP server")
+            wait_until(lambda: answers_http(url), 20, "the gateway's HTTP server")
 
             async def main() -> None:
                 async with Client(url) as client:
@@ -207,7 +211,8 @@ def test_bad_config_exits_naming_the_field_and_starts_nothing(tmp_path):
 
 def test_two_gateways_on_one_postgres_ledger_race_the_same_call_upstream_once(tmp_path, pg_dsn):
     counts = tmp_path / "calls.jsonl"
-    cfg = write_config(tmp_path, stdio_upstream(counts, OO_MCP_PAY_HOLD="1.0"))
+    gate = tmp_path / "pay-may-answer"  # the second gateway's call arrives while it is held
+    cfg = write_config(tmp_path, stdio_upstream(counts, OO_MCP_PAY_GATE=str(gate)))
     migrated = openonce(pg_dsn, "migrate")
     assert migrated.returncode == 0, migrated.stderr
 
@@ -225,6 +230,8 @@ def test_two_gateways_on_one_postgres_ledger_race_the_same_call_upstream_once(tm
             async with anyio.create_task_group() as group:
                 group.start_soon(call, a)
                 group.start_soon(call, b)
+                await until(lambda: tally(counts)["pay"], 30)  # one of them is at the provider
+                gate.touch()
             assert [x.is_error for x in answers] == [False, False]
             assert answers[0].structured_content == answers[1].structured_content
             outcomes = sorted((x.meta or {})["openonce/outcome"] for x in answers)
@@ -246,7 +253,7 @@ def test_an_http_upstream_that_goes_away_does_not_take_the_gateway_with_it(tmp_p
     async def across_restart() -> None:
         up = subprocess.Popen(upstream, env=env, cwd=REPO, stderr=subprocess.DEVNULL)
         try:
-            poll(lambda: answers_http(upstream_url), what="the upstream's HTTP server")
+            wait_until(lambda: answers_http(upstream_url), 20, "the upstream's HTTP server")
             async with stdio_gateway(db, cfg) as client:
                 first = await client.call_tool("pay", {"order": "o-1", "amount_cents": 5})
                 assert not first.is_error
@@ -255,9 +262,7 @@ def test_an_http_upstream_that_goes_away_does_not_take_the_gateway_with_it(tmp_p
                 down = await client.call_tool("lookup", {"order": "o-1"})
                 assert down.is_error  # an error answer: the gateway itself is still up
                 up = subprocess.Popen(upstream, env=env, cwd=REPO, stderr=subprocess.DEVNULL)
-                with anyio.fail_after(60):
-                    while (await client.call_tool("lookup", {"order": "o-1"})).is_error:
-                        await anyio.sleep(0.1)
+                await until(lambda: answers(client.call_tool("lookup", {"order": "o-1"})), 60)
                 again = await client.call_tool("pay", {"order": "o-1", "amount_cents": 5})
                 assert again.structured_content == first.structured_content  # replayed
                 fresh = await client.call_tool("pay", {"order": "o-2", "amount_cents": 5})
