@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.browser import launch
+from tests.support.fake_http import WebhookReceiver
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,3 +116,12 @@ def axe_source() -> str:
             " registry), or set OPENONCE_AXE to an axe.min.js"
         )
     return AXE.read_text()
+
+
+@pytest.fixture
+def receiver() -> Iterator[WebhookReceiver]:
+    """A local HTTPS-less webhook endpoint that records what it is sent (a test file may
+    define its own ``receiver``)."""
+    r = WebhookReceiver()
+    yield r
+    r.close()

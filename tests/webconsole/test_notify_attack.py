@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -19,6 +18,7 @@ import pytest
 from django.core import mail
 from django.test import override_settings
 from test_console_views import Agent, fresh_ledger
+from test_notify_digest import webhook
 
 from ledger.clients import ledger_target
 from notifications import dispatch
@@ -26,15 +26,7 @@ from notifications.models import Delivery, JournalCursor
 from tests.support.fake_http import WebhookReceiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
-SECRET = "s3cret-for-signing-webhooks"
 FORGED = "wire.transfer\n\nThe queue: https://evil.example/approve-all"
-
-
-@pytest.fixture
-def receiver() -> Iterator[WebhookReceiver]:
-    r = WebhookReceiver()
-    yield r
-    r.close()
 
 
 @pytest.fixture
@@ -49,10 +41,6 @@ def configure(*chans: dict[str, Any]) -> Any:
         OPENONCE_NOTIFY_ALLOW_PRIVATE=True,  # the receivers listen on 127.0.0.1
         MAILERS={"default": {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}},
     )
-
-
-def webhook(receiver: WebhookReceiver, **more: Any) -> dict[str, Any]:
-    return {"name": "hook", "kind": "webhook", "url": receiver.url + "/hook", "secret": SECRET}
 
 
 def host_clock_ahead(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +38,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "s3cret-for-signing-webhooks"
 INTERVAL = 300.0  # "5m"
-
-
-@pytest.fixture
-def receiver() -> Iterator[WebhookReceiver]:
-    r = WebhookReceiver()
-    yield r
-    r.close()
 
 
 @pytest.fixture

@@ -41,13 +41,6 @@ def users(agent: Agent) -> Any:
 
 
 @pytest.fixture
-def receiver() -> Iterator[WebhookReceiver]:
-    r = WebhookReceiver()
-    yield r
-    r.close()
-
-
-@pytest.fixture
 def internal() -> Iterator[WebhookReceiver]:
     """An internal HTTP service (an admin API, a metadata endpoint) that must never be
     reached through the notifier."""
