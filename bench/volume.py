@@ -660,10 +660,13 @@ def retention_api() -> tuple[Any, Any] | None:
     return RetentionPolicy, run_retention
 
 
-def oldest(dsn: str, count: int) -> float:
-    """A time between the last change of the ``count``-th oldest terminal effect and the
-    next one's: a cutoff that takes exactly that many (the history's changes are spread
-    evenly over the year, hours apart at the sizes this runs)."""
+def retention_age(dsn: str, count: int) -> float:
+    """The policy age that takes the ``count`` oldest terminal effects: a cutoff between the
+    last change of the ``count``-th and the next one's (the history's changes are spread
+    evenly over the year, half a minute apart at a million), measured back from the ledger's
+    newest change. The retention counts age from that change when the clock reads past it
+    (``_retention._cutoff``), so an age taken from this process's clock instead would move
+    the cutoff back by the ledger's idle time, and leave one effect per half-minute of it."""
     import psycopg
 
     with psycopg.connect(dsn) as conn:
@@ -672,10 +675,12 @@ def oldest(dsn: str, count: int) -> float:
             " ORDER BY updated_at OFFSET %s LIMIT 2",
             (list(TERMINAL), max(0, count - 1)),
         ).fetchall()
-    if not rows:
-        return time.time()
+        newest = conn.execute("SELECT max(updated_at) FROM openonce_effects").fetchone()
+    if not rows or newest is None or newest[0] is None:
+        return 0.0
     last = float(rows[0][0])
-    return (last + float(rows[1][0])) / 2 if len(rows) > 1 else last + 1e-3
+    cutoff = (last + float(rows[1][0])) / 2 if len(rows) > 1 else last + 1e-3
+    return float(newest[0]) - cutoff
 
 
 def retention_policy() -> Any:
@@ -723,10 +728,7 @@ def run_retention_during(
     if retention_api() is None:
         return Retention()
     now = time.time()
-    # The retention counts age from the earlier of its clock and the ledger's newest change
-    # (a few ms before ``now`` here): a cutoff midway to the next effect's change takes the
-    # same ``archive`` effects from either (one placed 1 ms past the last sometimes left it).
-    older_than = now - oldest(full.dsn, archive)
+    older_than = retention_age(full.dsn, archive)
     folder = tempfile.mkdtemp(prefix="openonce-volume-archive-")
     out = Retention(available=True)
     context = multiprocessing.get_context("spawn")

@@ -3,7 +3,9 @@
 The retention beat task (reconciler/retention.py) archives a batch of old terminal effects
 through the core, then calls ``archive_deliveries`` to add each effect's deliveries to the
 archive and ``forget_deliveries`` to delete them. Both read through ``delivery_effect``
-(effect_id, id), so a batch costs its own deliveries, never the table.
+(effect_id, id), so a batch costs its own deliveries, never the table. After the run,
+``forget_old_digests`` deletes the digests older than the policy that no delivery still
+names: a digest is one message about deliveries, and with them gone it tells nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from django.db import transaction
 
 from .config import public_destination
-from .models import Delivery
+from .models import Delivery, Digest
 
 # Ids per statement: well under SQLite's limit on bound parameters.
 CHUNK = 500
@@ -47,6 +49,22 @@ def forget_deliveries(effect_ids: list[str]) -> int:
     with transaction.atomic():
         for chunk in _chunks(list(dict.fromkeys(_ids(effect_ids)))):
             deleted += Delivery.objects.filter(effect_id__in=chunk).delete()[0]
+    return deleted
+
+
+def forget_old_digests(before: float) -> int:
+    """Delete the digests claimed before ``before`` (epoch seconds) that are done (sent, or
+    given up) and that no delivery names any more; returns how many. One still pending is
+    kept, and so is one a delivery still names: that delivery's page lists the digest's
+    attempts. At most one digest per channel per interval was ever made."""
+    done = Digest.objects.filter(
+        created_at__lt=before,
+        status__in=[Digest.SENT, Digest.FAILED],
+        deliveries__isnull=True,
+    ).values_list("pk", flat=True)
+    deleted = 0
+    while pks := list(done[:CHUNK]):  # a year's worth at once would not fit one statement
+        deleted += Digest.objects.filter(pk__in=pks).delete()[0]
     return deleted
 
 

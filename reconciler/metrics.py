@@ -8,7 +8,10 @@ Names (all ``openonce_``; the alert rules in deploy/prometheus/ use them):
 effects{state}                         effects by state: exact for the states an effect
                                        passes through (each counted on the state index),
                                        up to a minute old for the terminal ones (their
-                                       rows are history: counted at most once a minute)
+                                       rows are history: counted at most once a minute,
+                                       OPENONCE_METRICS_TERMINAL_SECONDS; 0: not at all;
+                                       past a million effects on Postgres, the planner's
+                                       estimates)
 human_queue{kind}                      awaiting approval, in human review, UNKNOWN due for
                                        a probe (past grace or backoff: openonce_core._due)
 oldest_unknown_age_seconds             seconds since the longest-waiting UNKNOWN changed
@@ -35,6 +38,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from django.conf import settings
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -53,32 +57,63 @@ from .models import ProberStatus, ProbeTally, Sweep
 
 S = EffectState
 PENDING: tuple[EffectState, ...] = tuple(s for s in EffectState if s not in TERMINAL)
-TERMINAL_TTL = 60.0  # seconds (ledger clock) a process keeps its terminal totals
+
+
+# Above this many effects (the planner's figure), terminal totals are the planner's
+# estimates, not counts: counting a million committed effects reads the whole table
+# (0.5 s; minutes at hundreds of millions).
+EXACT_LIMIT = 1_000_000
 
 
 class TerminalTotals:
-    """Terminal states' totals, counted at most once per ``TERMINAL_TTL`` per ledger client:
-    they only grow with history, so counting them on every scrape would cost what the
-    ledger ever held. Per process (two web replicas may differ by a minute of commits)."""
+    """Terminal states' totals, taken at most once per ``ttl`` seconds (ledger clock) per
+    ledger client: they only grow with history, so counting them on every scrape would
+    cost what the ledger ever held. Per process (two web replicas may differ by a minute
+    of commits). Past ``EXACT_LIMIT`` effects on Postgres they are the planner's estimates
+    (two catalog rows); ``estimated`` says which the last figures were."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._kept: tuple[OpenOnce, float, dict[str, int]] | None = None
+        self._kept: tuple[OpenOnce, float, dict[str, int], bool] | None = None
 
-    def get(self, oo: OpenOnce, at: float) -> dict[str, int]:
+    def get(self, oo: OpenOnce, at: float, ttl: float) -> tuple[dict[str, int], bool]:
+        """The totals by state, and whether they are estimates."""
         with self._lock:
             kept = self._kept
-        # Counted again when too old, for another client (the site's ledger was reset), or
+        # Taken again when too old, for another client (the site's ledger was reset), or
         # when taken "in the future" (the ledger's clock stepped back).
-        if kept is not None and kept[0] is oo and 0.0 <= at - kept[1] < TERMINAL_TTL:
-            return kept[2]
-        totals = {str(state): oo.store.count([state]) for state in TERMINAL}
+        if kept is not None and kept[0] is oo and 0.0 <= at - kept[1] < ttl:
+            return kept[2], kept[3]
+        totals, estimated = _terminal_totals(oo)
         with self._lock:
-            self._kept = (oo, at, totals)
-        return totals
+            self._kept = (oo, at, totals, estimated)
+        return totals, estimated
+
+
+def _terminal_totals(oo: OpenOnce) -> tuple[dict[str, int], bool]:
+    estimate = getattr(oo.store, "estimated_counts", None)  # Postgres only
+    figures = estimate(TERMINAL) if estimate is not None else None
+    if figures is not None and figures[0] >= EXACT_LIMIT:
+        return figures[1], True
+    return {str(state): oo.store.count([state]) for state in TERMINAL}, False
 
 
 terminal_totals = TerminalTotals()
+
+
+def _terminal_help(ttl: float, estimated: bool) -> str:
+    if not ttl:
+        return "terminal states are not counted (OPENONCE_METRICS_TERMINAL_SECONDS=0)"
+    how = (
+        f"estimated by Postgres's planner past {EXACT_LIMIT:,} effects (as of the table's"
+        " last ANALYZE)"
+        if estimated
+        else "counted"
+    )
+    return (
+        f"terminal states (committed, failed, denied, cancelled, released) {how}, at most"
+        f" every {ttl:g}s: they may lag by that much"
+    )
 
 
 def pending_counts(oo: OpenOnce) -> dict[str, int]:
@@ -101,16 +136,18 @@ class LedgerCollector(Collector):
         oo = get_openonce()
         at = oo.clock.now()  # the ledger's time: what leases and grace windows are read on
         store = oo.store
+        ttl = settings.OPENONCE_METRICS_TERMINAL_SECONDS
+        pending = pending_counts(oo)
+        terminal, estimated = terminal_totals.get(oo, at, ttl) if ttl else ({}, False)
         effects = GaugeMetricFamily(
             "openonce_effects",
-            "Effects by state; exact for pending states, terminal states (committed, failed,"
-            f" denied, cancelled, released) may lag by up to {TERMINAL_TTL:g}s.",
+            f"Effects by state; exact for pending states, {_terminal_help(ttl, estimated)}.",
             labels=["state"],
         )
-        pending = pending_counts(oo)
-        counts = {**pending, **terminal_totals.get(oo, at)}
+        counts = {**pending, **terminal}
         for state in EffectState:
-            effects.add_metric([state.value], counts[state])
+            if state in counts:
+                effects.add_metric([state.value], counts[state])
         yield effects
 
         depth = GaugeMetricFamily(

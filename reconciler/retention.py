@@ -5,7 +5,8 @@ deletes expired Django sessions (what ``manage.py clearsessions`` does). When
 ``OPENONCE_RETENTION_DAYS`` is set, it also archives, then deletes, the terminal effects
 last changed longer ago than that, with their journal lines, approvals and the notifier's
 deliveries (kept in the archive line under ``"deliveries"``), through the core
-(``openonce_core._retention``): archives go to ``OPENONCE_RETENTION_ARCHIVE_DIR``.
+(``openonce_core._retention``): archives go to ``OPENONCE_RETENTION_ARCHIVE_DIR``. The
+notifier's digests older than that which no delivery names any more go too.
 
 A run is bounded by half the task's soft time limit; when more is left it queues the
 next run, so any daily volume is archived in a chain of bounded tasks. Two runs at once
@@ -23,7 +24,7 @@ from celery import shared_task
 from django.conf import settings
 
 from ledger.clients import get_openonce
-from notifications.retention import archive_deliveries, forget_deliveries
+from notifications.retention import archive_deliveries, forget_deliveries, forget_old_digests
 from openonce_core._retention import RetentionPolicy, RetentionReport, run_retention
 
 log = logging.getLogger("openonce.retention")
@@ -62,6 +63,9 @@ def archive_old_effects() -> RetentionReport | None:
     )
     if report.effects or report.kept:
         log.info("retention: %s", report)
+    digests = forget_old_digests(report.cutoff)
+    if digests:
+        log.info("retention: %d notification digests older than the cutoff deleted", digests)
     return report
 
 

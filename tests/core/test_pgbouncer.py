@@ -37,8 +37,7 @@ from openonce_core import EffectState, OpenOnce
 from openonce_core.stores.postgres import PostgresStore
 from tests.support.pgbouncer import (
     PgBouncer,
-    create_database,
-    drop_database,
+    database_behind_pgbouncer,
     reset_public_schema,
     with_database,
 )
@@ -55,12 +54,8 @@ PG_DSN = os.environ.get("OPENONCE_TEST_PG", "postgresql://root@127.0.0.1:5432/te
 @pytest.fixture(scope="session")
 def bouncer() -> Iterator[tuple[PgBouncer, str]]:
     """pgbouncer and the name of the database behind it (dropped at the end)."""
-    name = "oo_pgb_" + uuid.uuid4().hex[:10]
-    create_database(PG_DSN, name)
-    proxy = PgBouncer(PG_DSN).start()
-    yield proxy, name
-    proxy.stop()
-    drop_database(PG_DSN, name)
+    with database_behind_pgbouncer(PG_DSN, "oo_pgb_") as bounced:
+        yield bounced
 
 
 @pytest.fixture

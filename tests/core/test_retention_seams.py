@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -22,8 +21,7 @@ from openonce_core.stores.sqlite import SQLiteStore
 from openonce_core.testing import FakeClock
 from tests.support.pgbouncer import (
     PgBouncer,
-    create_database,
-    drop_database,
+    database_behind_pgbouncer,
     reset_public_schema,
     with_database,
 )
@@ -192,12 +190,8 @@ def test_a_backend_killed_mid_delete_loses_nothing(store, tmp_path, monkeypatch)
 
 @pytest.fixture(scope="module")
 def bouncer() -> Iterator[tuple[PgBouncer, str]]:
-    name = "oo_ret_" + uuid.uuid4().hex[:10]
-    create_database(PG_DSN, name)
-    proxy = PgBouncer(PG_DSN).start()
-    yield proxy, name
-    proxy.stop()
-    drop_database(PG_DSN, name)
+    with database_behind_pgbouncer(PG_DSN, "oo_ret_") as bounced:
+        yield bounced
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ clock, served by the site's Grace (``ledger.clients.get_grace``).
 
 The ledger's statements are watched through the site's store (its ``_all`` and ``_one``):
 no scrape runs a GROUP BY over all effects, and the terminal totals are counted at most
-once a minute per process."""
+once a minute per process (past a million effects, the planner's estimates are read)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,6 @@ def test_a_scrape_counts_pending_states_and_keeps_terminal_totals_a_minute(
     ledger, client, monkeypatch
 ) -> None:
     from ledger.clients import get_openonce
-    from reconciler import metrics
 
     oo = get_openonce()
     at = oo.clock.now()
@@ -86,7 +85,7 @@ def test_a_scrape_counts_pending_states_and_keeps_terminal_totals_a_minute(
     assert m[("openonce_effects", (("state", "committed"),))] == 100
     assert m[("openonce_effects", (("state", "unknown"),))] == 1
     assert m[("openonce_effects", (("state", "human_review"),))] == 1
-    assert "may lag by up to 60s" in page
+    assert "counted, at most every 60s: they may lag by that much" in page
     first = [query for query, _ in reads.sql]
     assert not [q for q in first if "GROUP BY" in q.upper()]
     counted = [params for query, params in reads.sql if query.startswith("SELECT count(*)")]
@@ -101,9 +100,39 @@ def test_a_scrape_counts_pending_states_and_keeps_terminal_totals_a_minute(
     assert not [p for p in counted if p and p[0] in TERMINAL]
     assert ("unknown",) in counted and ("human_review",) in counted
 
-    monkeypatch.setattr(metrics, "TERMINAL_TTL", 0.0)
+    # A minute later (on the ledger's clock) they are counted again.
+    now = oo.clock.now
+    monkeypatch.setattr(oo.clock, "now", lambda: now() + 61)
     m = parse_metrics(client.get("/metrics").content.decode())
     assert m[("openonce_effects", (("state", "committed"),))] == 110
+
+
+def test_terminal_totals_can_be_kept_longer_or_turned_off(ledger, client, settings, monkeypatch):
+    from ledger.clients import get_openonce
+
+    oo = get_openonce()
+    at = oo.clock.now()
+    copies(oo, park(oo, "ledger.sync", at - 3600, state=S.COMMITTED), 4)
+    park(oo, "ledger.sync", at - 60)
+    settings.OPENONCE_METRICS_TERMINAL_SECONDS = 3600.0
+    page = client.get("/metrics").content.decode()
+    assert parse_metrics(page)[("openonce_effects", (("state", "committed"),))] == 5
+    assert "counted, at most every 3600s" in page
+    copies(oo, park(oo, "ledger.sync", at - 3600, state=S.COMMITTED), 4)
+    now = oo.clock.now
+    monkeypatch.setattr(oo.clock, "now", lambda: now() + 61)
+    m = parse_metrics(client.get("/metrics").content.decode())
+    assert m[("openonce_effects", (("state", "committed"),))] == 5  # kept for the hour
+
+    settings.OPENONCE_METRICS_TERMINAL_SECONDS = 0.0
+    reads = Reads(oo.store, monkeypatch)
+    page = client.get("/metrics").content.decode()
+    m = parse_metrics(page)
+    assert "terminal states are not counted (OPENONCE_METRICS_TERMINAL_SECONDS=0)" in page
+    assert not [key for key in m if key[0] == "openonce_effects" and key[1][0][1] in TERMINAL]
+    assert m[("openonce_effects", (("state", "unknown"),))] == 1
+    counted = [params for query, params in reads.sql if query.startswith("SELECT count(*)")]
+    assert not [p for p in counted if p and p[0] in TERMINAL]
 
 
 def test_sweep_age_has_no_sample_before_the_first_sweep(ledger, client) -> None:
@@ -116,3 +145,42 @@ def test_sweep_age_has_no_sample_before_the_first_sweep(ledger, client) -> None:
     m = parse_metrics(client.get("/metrics").content.decode())
     assert m[("openonce_sweep_recorded", ())] == 1
     assert m[("openonce_sweep_lag_seconds", ())] >= 0
+
+
+def test_past_a_million_effects_terminal_totals_are_the_planners_estimates(
+    ledger, client, monkeypatch
+) -> None:
+    """Counting a year of committed effects reads the whole table (0.5 s a million, a seq
+    scan); past EXACT_LIMIT the scrape reads two catalog rows instead."""
+    from ledger.clients import get_openonce
+    from reconciler import metrics
+
+    oo = get_openonce()
+    at = oo.clock.now()
+    copies(oo, park(oo, "ledger.sync", at - 3600, state=S.COMMITTED), 149)
+    copies(oo, park(oo, "ledger.sync", at - 3600, state=S.FAILED), 49)
+    park(oo, "ledger.sync", at - 60)
+    with psycopg.connect(ledger, autocommit=True) as conn:
+        conn.execute("ANALYZE openonce_effects")  # a small table: every row sampled
+    monkeypatch.setattr(metrics, "EXACT_LIMIT", 100)
+    reads = Reads(oo.store, monkeypatch)
+
+    page = client.get("/metrics").content.decode()
+    m = parse_metrics(page)
+    assert m[("openonce_effects", (("state", "committed"),))] == 150
+    assert m[("openonce_effects", (("state", "failed"),))] == 50
+    assert m[("openonce_effects", (("state", "denied"),))] == 0  # the sample met none
+    assert m[("openonce_effects", (("state", "unknown"),))] == 1  # pending: counted
+    assert "estimated by Postgres's planner past 100 effects" in page
+    counted = [params for query, params in reads.sql if query.startswith("SELECT count(*)")]
+    assert not [p for p in counted if p and p[0] in TERMINAL]
+
+    # Below the limit they are counted, estimates or not.
+    monkeypatch.setattr(metrics, "EXACT_LIMIT", 1000)
+    now = oo.clock.now
+    monkeypatch.setattr(oo.clock, "now", lambda: now() + 61)
+    reads.reset()
+    page = client.get("/metrics").content.decode()
+    assert "counted, at most every 60s" in page
+    counted = [params for query, params in reads.sql if query.startswith("SELECT count(*)")]
+    assert ("committed",) in counted

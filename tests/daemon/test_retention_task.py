@@ -55,13 +55,13 @@ def _refunds(ledger: str) -> tuple[Any, dict[str, str]]:
     return made.refund, made.ids()
 
 
-def _delivery(effect_id: str, seq: int) -> Any:
+def _delivery(effect_id: str, seq: int, **more: Any) -> Any:
     from notifications.models import Delivery
 
     return Delivery.objects.create(
         effect_id=effect_id, journal_seq=seq, event="requires_approval", tool="stripe.refund",
         channel="ops", kind="webhook", destination="https://hooks.example.com/…",
-        status="sent", attempts=1, next_attempt_at=0.0, created_at=1.0, sent_at=2.0,
+        status="sent", attempts=1, next_attempt_at=0.0, created_at=1.0, sent_at=2.0, **more,
     )  # fmt: skip
 
 
@@ -147,6 +147,44 @@ def test_a_run_that_stops_at_its_limit_queues_the_rest(ledger, settings, monkeyp
     from ledger.models import Effect
 
     assert list(Effect.objects.values_list("id", flat=True)) == [ids["o-new"]]
+
+
+def _digest(window: int, created_at: float, status: str = "sent") -> Any:
+    from notifications.models import Digest
+
+    return Digest.objects.create(
+        channel="ops", kind="webhook", destination="https://hooks.example.com/…",
+        status=status, window=window, interval=300.0, count=1, attempts=1,
+        next_attempt_at=created_at, created_at=created_at, sent_at=created_at + 1,
+    )  # fmt: skip
+
+
+def test_the_task_deletes_old_digests_that_no_delivery_names(ledger, settings) -> None:
+    """A digest is one message about deliveries: once they are archived it tells nothing.
+    One still sending, one a kept delivery names, and a young one stay."""
+    import time
+
+    from notifications.models import Digest
+    from reconciler.retention import retention
+
+    settings.OPENONCE_RETENTION_DAYS = 90
+    _, ids = _refunds(ledger)
+    old = time.time() - 100 * 86400
+    gone = [_digest(1, old), _digest(2, old, status="failed")]
+    archived_with_its_effect = _digest(3, old)
+    _delivery(ids["o-1"], 1, digest=archived_with_its_effect)
+    sending = _digest(4, old, status="pending")
+    named = _digest(5, old)
+    live = _delivery(ids["o-new"], 2, digest=named)
+    young = _digest(6, time.time() - 3600)
+
+    retention.apply()
+
+    left = set(Digest.objects.values_list("pk", flat=True))
+    assert left == {sending.pk, named.pk, young.pk}
+    assert not left & {d.pk for d in [*gone, archived_with_its_effect]}
+    live.refresh_from_db()
+    assert live.digest_id == named.pk
 
 
 def test_the_task_is_declared_once_in_the_beat_schedule(settings) -> None:

@@ -21,6 +21,9 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -118,6 +121,20 @@ class PgBouncer:
                 self.proc.wait()
         self.proc = None
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextmanager
+def database_behind_pgbouncer(admin_dsn: str, prefix: str) -> Iterator[tuple[PgBouncer, str]]:
+    """A new database (``prefix`` and a random part) and a pgbouncer in front of the server:
+    the proxy and the database's name; both gone afterwards."""
+    name = prefix + uuid.uuid4().hex[:10]
+    create_database(admin_dsn, name)
+    proxy = PgBouncer(admin_dsn).start()
+    try:
+        yield proxy, name
+    finally:
+        proxy.stop()
+        drop_database(admin_dsn, name)
 
 
 def create_database(admin_dsn: str, name: str) -> None:
