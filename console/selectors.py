@@ -20,7 +20,7 @@ from django.db.models import BooleanField, Min, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
 from ledger.clients import get_grace, get_openonce, get_reconciler
-from ledger.models import Approval, Effect, JournalEntry
+from ledger.models import Approval, Effect, JournalEntry, Tombstone
 from openonce_core._due import count_overdue_unknown, overdue_unknown
 from openonce_core._providers import TIERS, Capability, readiness_problems
 from openonce_core._redact import redact_text
@@ -480,6 +480,13 @@ def effect_fence(effect_id: str) -> int | None:
     """The effect's fence alone, by primary key: what an open page's poll compares (every
     5 s per open page, so it reads one integer, not the arguments and evidence)."""
     return Effect.objects.filter(id=effect_id).values_list("fence", flat=True).first()
+
+
+def archived(effect_id: str) -> Tombstone | None:
+    """The tombstone the retention left of ``effect_id``, if it archived that effect: asked
+    only once the effect itself is not found. Served by openonce_tombstones_effect (schema
+    v7). The newest one, should a damaged ledger ever hold two."""
+    return Tombstone.objects.filter(effect_id=effect_id).order_by("-archived_at").first()
 
 
 def journal(effect_id: str) -> Iterator[JournalEntry]:

@@ -3,7 +3,8 @@
 One view serves a page and its fragment (``page.html#fragment`` for htmx). Every view
 checks its permission; decisions are POST-only, CSRF-checked, pinned to the fence the
 page showed, and refused inline when the core says no. An effect id that names no effect
-is a 404 for everyone allowed to look.
+is a 404 for everyone allowed to look, unless the retention archived that effect: its page,
+its poll and its journal's exports then answer 410 Gone, saying where it went.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
@@ -33,7 +34,7 @@ from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
 from django_htmx.middleware import HtmxDetails
 
 from ledger.logsafe import one_line
-from ledger.models import Effect
+from ledger.models import Effect, Tombstone
 from notifications.selectors import deliveries_for
 
 from . import actions, exports, lockouts, selectors
@@ -56,6 +57,7 @@ from .roles import (
     RESOLVE,
     VIEW,
 )
+from .search import Search
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -94,6 +96,47 @@ def _from_htmx(request: HttpRequest) -> bool:
     """An htmx request that swaps the answer into a page (not a history restore)."""
     htmx = getattr(request, "htmx", None)  # django_htmx's middleware sets it
     return bool(htmx) and not htmx.history_restore_request
+
+
+class _Archived(Exception):
+    """The effect asked for is no longer in the ledger: the retention archived it."""
+
+    def __init__(self, tombstone: Tombstone) -> None:
+        super().__init__(tombstone.effect_id)
+        self.tombstone = tombstone
+
+
+def answers_gone[V: Callable[..., Any]](view: V) -> V:
+    """An effect the retention archived is a 410 page saying when it went, how it ended and
+    which archive file holds it, instead of the 404 of an id that never was: the links to
+    it (a notification, a ticket, an audit note) outlive it. Only for people who may read
+    the ledger: put inside ``permission_required``."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return view(request, *args, **kwargs)
+        except _Archived as gone:
+            return _gone(request, gone.tombstone)
+
+    return cast(V, wrapper)
+
+
+def _gone(request: HttpRequest, tombstone: Tombstone) -> HttpResponse:
+    """The archived effect's page; to htmx (the open page's poll) its fragment, with
+    ``HX-Refresh``: htmx swaps no 410 (base.html's htmx-config), so the browser loads the
+    page again and shows this one whole, instead of asking every 5 s for nothing."""
+    context = {
+        "tombstone": tombstone,
+        "state_label": decision.STATE_LABELS.get(tombstone.state, tombstone.state),
+    }
+    if _from_htmx(request):
+        response = render(request, "console/archived.html#archived", context, status=410)
+        response["HX-Refresh"] = "true"
+    else:
+        response = render(request, "console/archived.html", context, status=410)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
 
 
 QUEUE_LABELS = {
@@ -186,10 +229,13 @@ def effect_list(request: HtmxHttpRequest) -> HttpResponse:
         page = selectors.effect_page(f, after=data["after"], before=data["before"])
         status = 200
     params = _absolute_params(form, window, "created_from")
+    search = form.cleaned_data.get("q") if status == 200 else None
     ctx = {
         "form": form,
         "page": page,
-        "search": form.cleaned_data.get("q") if status == 200 else None,
+        # A whole id that finds nothing may name an effect the retention archived.
+        "archived": _archived_id(search) if status == 200 and not page.effects else None,
+        "search": search,
         "filter_params": params,
         "window": window,
         "windows": RELATIVE_WINDOWS,
@@ -211,6 +257,7 @@ def effect_list(request: HtmxHttpRequest) -> HttpResponse:
 @require_GET
 @login_required
 @permission_required(VIEW)
+@answers_gone
 def effect_detail(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
     shown = request.GET.get("fence", "")
     # ASCII digits only, at most a bigint's: "²" is a digit to str.isdigit but no number
@@ -219,17 +266,17 @@ def effect_detail(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
         # The open page asks every 5 s whether the effect moved on since it was shown:
         # while its fence is the same, one read of that column by primary key and an empty
         # answer; otherwise the page as it is now, saying so.
-        if int(shown) == _fence_or_404(effect_id):
+        if int(shown) == _fence_or_404(effect_id, archived=True):
             response = HttpResponse(status=204)
         else:
-            effect = _get_effect_or_404(effect_id)
+            effect = _get_effect_or_404(effect_id, archived=True)
             said = decision.STATE_LABELS.get(effect.state, effect.state)
             notice = f"This effect changed while the page was open: it is {said} now."
             context = _detail_context(request, effect, notice=notice)
             response = render(request, "console/effect.html#effect", context)
         patch_vary_headers(response, ("HX-Request",))
         return response
-    effect = _get_effect_or_404(effect_id)
+    effect = _get_effect_or_404(effect_id, archived=True)
     return render(request, "console/effect.html", _detail_context(request, effect))
 
 
@@ -275,8 +322,9 @@ def cancel(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
 @require_GET
 @login_required
 @permission_required(VIEW)
+@answers_gone
 def effect_journal_export(request: HttpRequest, effect_id: str, fmt: str) -> HttpResponse:
-    effect = _get_effect_or_404(effect_id)
+    effect = _get_effect_or_404(effect_id, archived=True)
     entries = selectors.journal(effect.id)
     filename = f"{effect.id}-journal.{fmt}"
     if fmt == "csv":
@@ -439,23 +487,45 @@ def audit_export(request: HttpRequest, fmt: str) -> HttpResponse:
 # -- helpers ------------------------------------------------------------------------------
 
 
-def _get_effect_or_404(effect_id: str) -> Effect:
+def _get_effect_or_404(effect_id: str, archived: bool = False) -> Effect:
     """Every effect is visible to whoever may read the ledger; an id that names none is a
     404 (the same answer a hidden one would get, so ids cannot be probed). One no
-    database could hold (a NUL byte, a novel's length) names none either."""
+    database could hold (a NUL byte, a novel's length) names none either. With
+    ``archived``, one the retention archived raises ``_Archived`` (see ``answers_gone``)."""
     _check_id(effect_id)
     effect = selectors.effect(effect_id)
     if effect is None:
-        raise Http404("no effect with that id")
+        _not_found(effect_id, archived)
     return effect
 
 
-def _fence_or_404(effect_id: str) -> int:
+def _fence_or_404(effect_id: str, archived: bool = False) -> int:
     _check_id(effect_id)
     fence = selectors.effect_fence(effect_id)
     if fence is None:
-        raise Http404("no effect with that id")
+        _not_found(effect_id, archived)
     return fence
+
+
+def _not_found(effect_id: str, archived: bool) -> NoReturn:
+    """Only once the effect is not there is its tombstone asked for: the retention writes
+    it before it deletes the effect, and while the effect is there, its page is the
+    truth."""
+    tombstone = selectors.archived(effect_id) if archived else None
+    if tombstone is not None:
+        raise _Archived(tombstone)
+    raise Http404("no effect with that id")
+
+
+def _archived_id(search: Search | None) -> Tombstone | None:
+    """The tombstone of the effect a search names by its whole id (``id:eff_…``, the id
+    alone, or pasted without ``eff_``): one read of openonce_tombstones_effect."""
+    if search is None:
+        return None
+    effect_id = search.bare_id or (search.text if search.kind == "id" else None)
+    if not effect_id or len(effect_id) > 200 or "\x00" in effect_id:
+        return None
+    return selectors.archived(effect_id)
 
 
 def _check_id(effect_id: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from functools import cached_property
+from pathlib import PurePosixPath
 from typing import Any
 
 from django.db import models
@@ -151,3 +152,44 @@ class Approval(ReadOnlyModel):
     @property
     def when(self) -> datetime | None:
         return _when(self.at)
+
+
+class Tombstone(ReadOnlyModel):
+    """What the retention keeps of an archived effect (openonce_core/_retention.py): its
+    key, its final state and the archive file that holds it. The console reads it to say
+    where an effect went (``/effects/<id>/`` answers 410 Gone).
+
+    Its primary key is the table's own, (tool, idempotency_key), as a composite key: not
+    ``effect_id``. That is unique in practice (a key has one tombstone, an effect one key),
+    but the database does not enforce it (schema v7's openonce_tombstones_effect is a plain
+    index), and a model must not claim a uniqueness the table does not hold. Reads by
+    effect id ask for the newest tombstone naming it (``console.selectors.archived``)."""
+
+    pk = models.CompositePrimaryKey("tool", "idempotency_key")
+    tool = models.TextField()
+    idempotency_key = models.TextField()
+    effect_id = models.TextField()
+    state = models.TextField()
+    args_fingerprint = models.TextField()
+    created_at = models.FloatField()
+    archived_at = models.FloatField()
+    archive = models.TextField()  # the archive file's path on the host that ran the retention
+
+    class Meta:
+        managed = False
+        db_table = "openonce_tombstones"
+        default_permissions = ()
+
+    @property
+    def created(self) -> datetime | None:
+        return _when(self.created_at)
+
+    @property
+    def archived(self) -> datetime | None:
+        return _when(self.archived_at)
+
+    @property
+    def archive_name(self) -> str:
+        """The archive file's name without its folder: enough to find it among the
+        archives, without showing every viewer the server's directories."""
+        return PurePosixPath(self.archive.replace("\\", "/")).name if self.archive else ""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Journal and approvals name their effect without a foreign key: the core is their only
 # writer and always writes them in the effect's own transaction, and a foreign key would
@@ -272,6 +272,16 @@ _V6 = [
     """,
 ]
 
+_V7 = [
+    # The console finds an archived effect by its id: a link to /effects/<id>/ (a
+    # notification, a ticket, an audit note) that names no effect any more answers 410 Gone
+    # with where the effect went (console/views.py). Without it each such page read every
+    # tombstone. It costs the retention one more index write per archived effect (its
+    # tombstone's insert; its later update of the archive's name changes no indexed column);
+    # the hot path writes no tombstone, so it never pays for it.
+    "CREATE INDEX openonce_tombstones_effect ON openonce_tombstones (effect_id)",
+]
+
 SCHEMA_TABLE = {
     "postgres": "CREATE TABLE IF NOT EXISTS openonce_schema"
     " (version integer PRIMARY KEY, applied_at double precision NOT NULL)",
@@ -300,6 +310,7 @@ def migrations(dialect: str) -> dict[int, list[str]]:
             4: _V4_JOURNAL_KEY_PG,
             5: _V5 + _V5_PG,
             6: _V6,
+            7: _V7,
         }
     if dialect == "sqlite":
         return {
@@ -309,6 +320,7 @@ def migrations(dialect: str) -> dict[int, list[str]]:
             4: [],  # the rowid is seq; (effect_id, seq) is the journal's one index already
             5: [_to_sqlite(s) for s in _V5] + _V5_SQLITE,
             6: _V6,
+            7: _V7,
         }
     raise ValueError(f"unknown dialect {dialect!r}")
 

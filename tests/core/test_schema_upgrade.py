@@ -98,7 +98,7 @@ def test_postgres_v3_ledger_migrates_to_the_journal_keyed_by_effect(pg_dsn: str)
         before = conn.execute(JOURNAL + " ORDER BY seq").fetchall()
     store = PostgresStore(pg_dsn)
 
-    assert store.migrate() == SCHEMA_VERSION == 6
+    assert store.migrate() == SCHEMA_VERSION == 7
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         assert conn.execute(JOURNAL + " ORDER BY seq").fetchall() == before
@@ -141,7 +141,7 @@ def test_postgres_v4_ledger_migrates_to_the_current_schema_keeping_every_row(pg_
         journal = conn.execute(JOURNAL + " ORDER BY seq").fetchall()
     store = PostgresStore(pg_dsn)
 
-    assert store.migrate() == SCHEMA_VERSION == 6
+    assert store.migrate() == SCHEMA_VERSION == 7
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         assert conn.execute(EFFECTS).fetchall() == effects
@@ -177,7 +177,7 @@ def test_sqlite_old_ledger_migrates_to_the_current_schema_keeping_every_row(
     journal = conn.execute(JOURNAL + " ORDER BY seq").fetchall()
     store = SQLiteStore(path)
 
-    assert store.migrate() == SCHEMA_VERSION == 6
+    assert store.migrate() == SCHEMA_VERSION == 7
 
     assert conn.execute(EFFECTS).fetchall() == effects
     assert conn.execute(JOURNAL + " ORDER BY seq").fetchall() == journal

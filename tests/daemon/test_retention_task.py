@@ -11,13 +11,12 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 import pytest
 from django.utils import timezone
 
-from openonce_core import OpenOnce, open_store
+from openonce_core import OpenOnce
 from openonce_core.errors import EffectArchivedError
-from tests.support.retention import old_and_new_refunds
+from tests.support.retention import empty_ledger, old_and_new_refunds
 
 _OPEN: list[OpenOnce] = []  # the tests' own clients, closed after each test
 
@@ -25,21 +24,12 @@ _OPEN: list[OpenOnce] = []  # the tests' own clients, closed after each test
 @pytest.fixture
 def ledger(transactional_db, settings, tmp_path) -> Iterator[str]:
     """The test database's ledger, emptied; archives under the test's own folder."""
-    from django.db import connection
-
     from ledger import clients as site_ledger
 
     site_ledger.reset()
     settings.OPENONCE_RETENTION_ARCHIVE_DIR = tmp_path / "archive"
     target = site_ledger.ledger_target()
-    tables = ("openonce_effects", "openonce_journal", "openonce_approvals", "openonce_tombstones")
-    if connection.vendor == "postgresql":
-        with psycopg.connect(target, autocommit=True) as conn:
-            conn.execute(f"TRUNCATE {', '.join(tables)}")
-    else:  # the journal refuses deletes outside the retention's own transaction
-        store: Any = open_store(target)
-        store.retention_write(lambda cur: [cur.run(f"DELETE FROM {t}") for t in tables])
-        store.close()
+    empty_ledger(target)
     yield target
     for oo in _OPEN:
         oo.close()

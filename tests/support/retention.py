@@ -24,6 +24,7 @@ from openonce_core import (
     BusinessError,
     OpenOnce,
     UnknownOutcomeError,
+    open_store,
     require_approval_for,
 )
 from openonce_core._retention import RetentionPolicy, RetentionReport, run_retention
@@ -61,6 +62,29 @@ class Agent:
         # The key is derived from the order alone (the lambda above), as the library does.
         ids = [e for e in self.oo.store.list_effects(limit=1000) if e.args.get("order") == order]
         return ids[-1].idempotency_key
+
+
+LEDGER_TABLES = (
+    "openonce_effects",
+    "openonce_journal",
+    "openonce_approvals",
+    "openonce_tombstones",
+)
+
+
+def empty_ledger(target: str) -> None:
+    """Every effect, line, approval and tombstone of the ledger at ``target`` deleted (the
+    Django test database's, between tests). SQLite's journal refuses deletes outside the
+    retention's own transaction, so they go through it there."""
+    store: Any = open_store(target)
+    try:
+        if store.dialect == "postgres":
+            with psycopg.connect(target, autocommit=True) as conn:
+                conn.execute(f"TRUNCATE {', '.join(LEDGER_TABLES)}")
+        else:
+            store.retention_write(lambda cur: [cur.run(f"DELETE FROM {t}") for t in LEDGER_TABLES])
+    finally:
+        store.close()
 
 
 def age(agent: Agent) -> None:

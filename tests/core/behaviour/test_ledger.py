@@ -85,7 +85,7 @@ def test_schema_version_and_repeated_migrate(store, store_kind):
         return "sent"
 
     send("a@b.c")
-    assert store.schema_version() == SCHEMA_VERSION == 6
+    assert store.schema_version() == SCHEMA_VERSION == 7
     assert store.migrate() == SCHEMA_VERSION
     assert store.migrate() == SCHEMA_VERSION
     assert store.schema_version() == SCHEMA_VERSION
