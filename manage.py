@@ -35,6 +35,10 @@ def main() -> int:
             and not (message.startswith("relation ") and "does not exist" in message)
         ):
             raise
+        if isinstance(exc, SchemaVersionError) and exc.needs_upgrade:
+            # A ledger a newer release migrated, which this one cannot use.
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         print(
             f"error: the ledger has no tables yet ({exc}).\n"
             f"  ledger: {settings.DATABASES['default']['NAME']}\n"

@@ -283,6 +283,7 @@ def effect_detail(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
 @require_POST
 @login_required
 @permission_required(APPROVE)
+@answers_gone
 def approve(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
     return _decide(request, effect_id, "approve")
 
@@ -290,6 +291,7 @@ def approve(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
 @require_POST
 @login_required
 @permission_required(APPROVE)
+@answers_gone
 def deny_effect(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
     return _decide(request, effect_id, "deny")
 
@@ -297,6 +299,7 @@ def deny_effect(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
 @require_POST
 @login_required
 @permission_required(RESOLVE)
+@answers_gone
 def resolve_happened(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
     if request.POST.get("override_identity") and not request.user.has_perm(OVERRIDE_IDENTITY):
         deny(request, OVERRIDE_IDENTITY)
@@ -306,6 +309,7 @@ def resolve_happened(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
 @require_POST
 @login_required
 @permission_required(RESOLVE)
+@answers_gone
 def resolve_not_happened(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
     if request.POST.get("override") and not request.user.has_perm(OVERRIDE_REARM):
         deny(request, OVERRIDE_REARM)
@@ -315,6 +319,7 @@ def resolve_not_happened(request: HtmxHttpRequest, effect_id: str) -> HttpRespon
 @require_POST
 @login_required
 @permission_required(CANCEL)
+@answers_gone
 def cancel(request: HtmxHttpRequest, effect_id: str) -> HttpResponse:
     return _decide(request, effect_id, "cancel")
 
@@ -523,7 +528,8 @@ def _archived_id(search: Search | None) -> Tombstone | None:
     if search is None:
         return None
     effect_id = search.bare_id or (search.text if search.kind == "id" else None)
-    if not effect_id or len(effect_id) > 200 or "\x00" in effect_id:
+    # Only an id its page's address can hold (no "/": the effect URL's one segment).
+    if not effect_id or len(effect_id) > 200 or "\x00" in effect_id or "/" in effect_id:
         return None
     return selectors.archived(effect_id)
 
@@ -572,7 +578,9 @@ def _action_form(
 
 def _decide(request: HtmxHttpRequest, effect_id: str, name: str) -> HttpResponse:
     action = actions.ACTIONS[name]
-    effect = _get_effect_or_404(effect_id)
+    # An archived effect has no decision to take: its 410 page says where it went (a page
+    # left open that long, or a script).
+    effect = _get_effect_or_404(effect_id, archived=True)
     item = _action_form(request, action, effect, request.POST)
     if not item.form.is_valid():
         return _refused(request, effect, item, status=400)

@@ -29,11 +29,15 @@ def close_sqlite_before_fork() -> None:
             connection.close()  # Django ignores this for an in-memory test database
 
 
-def upgrade_ledger(using: str = "default", **_: Any) -> None:
+def upgrade_ledger(
+    using: str = "default", verbosity: int = 1, stdout: Any = None, **_: Any
+) -> None:
     """Every ``manage.py migrate`` brings the ledger to the core's current schema version.
 
     The core owns the ledger's schema and its versions (openonce_core/_schema.py); a new
-    core version needs no Django migration of its own. Applying it is idempotent."""
+    core version needs no Django migration of its own. Applying it is idempotent. A ledger
+    a newer OpenOnce migrated is left alone when this code can still use it (an older
+    console deployed after it must not fail), and refused, saying to upgrade, when not."""
     from django.db import connections, transaction
 
     from openonce_core import _schema as schema
@@ -43,4 +47,9 @@ def upgrade_ledger(using: str = "default", **_: Any) -> None:
     with transaction.atomic(using=using), connection.cursor() as cursor:
         if dialect == "postgres":
             cursor.execute("SELECT pg_advisory_xact_lock(hashtext('openonce_schema'))")
-        schema.apply(cursor, dialect)
+        _, after = schema.apply(cursor, dialect)
+    if after > schema.SCHEMA_VERSION and verbosity >= 1 and stdout is not None:
+        stdout.write(
+            f"  OpenOnce ledger schema is at version {after}, newer than this OpenOnce"
+            f" ({schema.SCHEMA_VERSION}), which can still use it: left as it is"
+        )

@@ -365,8 +365,10 @@ def _send_digests(by_name: dict[str, config.Channel], now: float, limit: int) ->
             sent += 1
         else:
             failed += 1
-        if status != Digest.PENDING:
-            settled = Digest.objects.get(id=digest.id)
+        if status == Digest.PENDING:
+            continue
+        settled = Digest.objects.filter(id=digest.id).first()
+        if settled is not None:  # None: the daily retention deleted it (old, and unnamed)
             # digest_id's index: the digest's own deliveries.
             Delivery.objects.filter(digest_id=digest.id).update(
                 status=settled.status,

@@ -304,7 +304,7 @@ def _retention_store(store: Any) -> RetentionStore:
         raise TypeError(
             f"{type(store).__name__} has no retention: use the SQLite, in-memory or Postgres store"
         )
-    schema.require_current(store.schema_version())  # a ledger never migrated: say so
+    schema.require_usable_store(store)  # a ledger never migrated (or too new): say so
     return store  # type: ignore[no-any-return]
 
 

@@ -301,7 +301,9 @@ def _or_default[T](value: T | None, default: T) -> T:
 
 
 def _check_schema(store: Store) -> None:
-    schema.require_current(store.schema_version())
+    """Refuse a ledger this code cannot use: an older one (migrate it) or a newer one whose
+    oldest reader is newer than this code (upgrade OpenOnce)."""
+    schema.require_usable_store(store)
 
 
 MAX_OWNER = 256

@@ -2,7 +2,10 @@
 
 Agents use the ledger without Django, so the DDL lives here; ``manage.py migrate`` and
 ``openonce --db ... migrate`` both install it through ``Store.migrate()``. Each version is
-a list of statements applied once, in order, recorded in ``openonce_schema``.
+a list of statements applied once, in order, recorded in ``openonce_schema``. Each version
+also names the oldest code that may still use a ledger at it (``READABLE_FROM``), so agents
+not yet upgraded keep working on a ledger a newer release migrated while the change is
+additive (``require_usable``).
 
 Types are written for Postgres and translated for SQLite. Timestamps are epoch seconds
 (double precision) so both stores compare and index them the same way.
@@ -10,10 +13,13 @@ Types are written for Postgres and translated for SQLite. Timestamps are epoch s
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Protocol
 
 SCHEMA_VERSION = 7
+
+log = logging.getLogger("openonce")
 
 # Journal and approvals name their effect without a foreign key: the core is their only
 # writer and always writes them in the effect's own transaction, and a foreign key would
@@ -280,7 +286,43 @@ _V7 = [
     # tombstone's insert; its later update of the archive's name changes no indexed column);
     # the hot path writes no tombstone, so it never pays for it.
     "CREATE INDEX openonce_tombstones_effect ON openonce_tombstones (effect_id)",
+    # Each version row from here on says the oldest code that may use the ledger
+    # (READABLE_FROM below). Older code reads only max(version), which this leaves alone.
+    "ALTER TABLE openonce_schema ADD COLUMN readable_from integer",
 ]
+
+# The oldest code (by its SCHEMA_VERSION) that works with a ledger at each version. A
+# version that only adds what older code never touches (an index, a table it does not
+# read) keeps the figure before it; one that changes what older code reads or writes (a
+# column it writes dropped, a NOT NULL column its inserts leave out, a changed trigger or
+# meaning) raises it to itself. Code at SCHEMA_VERSION uses a newer ledger whose recorded
+# figure is at most SCHEMA_VERSION (require_usable); the figure is written with each
+# version row from v7 on. A new version adds its line here, with its reason.
+READABLE_FROM = {
+    1: 1,
+    # Drops openonce_effects.waiters, which v1 code wrote for every waiting duplicate, and
+    # gives journal lines an action that v1 code would leave empty (the audit log filters
+    # and replays by it).
+    2: 2,
+    # Indexes only (Postgres). The GIN index reads each new effect's arguments as jsonb;
+    # v2 code writes them as v3 code does, so it refuses nothing for v2 it does not for v3.
+    3: 2,
+    # Re-keys the Postgres journal by (effect_id, seq): seq stays unique (bigserial), the
+    # reads by effect use the new key, and nothing in v2 code names the old one.
+    4: 2,
+    # The retention archives effects and leaves tombstones: older code takes a missing row
+    # for "never ran" and would run an archived key again. (Also next_probe_at, which older
+    # code would leave stale, and triggers that now let the retention delete.)
+    5: 5,
+    6: 5,  # an index, on UNKNOWN rows only
+    # An index on tombstones, and openonce_schema.readable_from: older code reads only
+    # max(version), and inserts a version row only when it migrates, which it does not do
+    # to a newer ledger.
+    7: 5,
+}
+
+# The version that added openonce_schema.readable_from: older ledgers record no figure.
+_READERS_RECORDED = 7
 
 SCHEMA_TABLE = {
     "postgres": "CREATE TABLE IF NOT EXISTS openonce_schema"
@@ -336,33 +378,96 @@ def current_version(cursor: Cursor) -> int:
     return (row[0] if row else 0) or 0
 
 
-def require_current(version: int) -> None:
-    """Refuse a ledger whose schema is not this code's (a new file never migrated, or one a
-    newer OpenOnce wrote), with what to do about it."""
+def readable_from(cursor: Cursor, version: int) -> int:
+    """The oldest code version that may use the ledger at ``version``, as the ledger
+    records it; ``version`` itself where it records none (older than v7, or not said)."""
+    if version < _READERS_RECORDED:
+        return version
+    cursor.execute(f"SELECT readable_from FROM openonce_schema WHERE version = {int(version)}")
+    row = cursor.fetchone()
+    return row[0] if row and row[0] is not None else version
+
+
+def version_row(version: int, applied_at: float) -> str:
+    """The statement that records ``version`` as applied (with its oldest reader from v7)."""
+    if version < _READERS_RECORDED:
+        return (
+            f"INSERT INTO openonce_schema (version, applied_at) VALUES ({version}, {applied_at!r})"
+        )
+    return (
+        "INSERT INTO openonce_schema (version, applied_at, readable_from)"
+        f" VALUES ({version}, {applied_at!r}, {READABLE_FROM[version]})"
+    )
+
+
+class _SchemaSource(Protocol):
+    def schema_version(self) -> int: ...
+    def schema_readable_from(self) -> int: ...
+
+
+def require_usable_store(store: _SchemaSource) -> None:
+    """``require_usable`` for a store: asks for the oldest reader only of a newer ledger."""
+    version = store.schema_version()
+    if version > SCHEMA_VERSION:
+        require_usable(version, store.schema_readable_from())
+    else:
+        require_usable(version, version)
+
+
+def require_usable(version: int, oldest_reader: int) -> None:
+    """Refuse a ledger this code cannot use, with what to do about it.
+
+    An older ledger (a new file never migrated, or one an older OpenOnce left) is refused:
+    this code may rely on what the migrations add, so migrate it. A newer one is used when
+    it records this code's version or an older one as its oldest reader (what the versions
+    in between changed, older code never touches); otherwise only a newer OpenOnce can use
+    it, which no migration gives."""
     from .errors import SchemaVersionError
 
-    if version != SCHEMA_VERSION:
+    if version < SCHEMA_VERSION:
         raise SchemaVersionError(
             f"ledger schema is at version {version}, this OpenOnce needs {SCHEMA_VERSION};"
-            " run `openonce --db DSN migrate`"
+            " run `openonce --db DSN migrate`",
+            ledger_version=version,
         )
+    if version == SCHEMA_VERSION:
+        return
+    if oldest_reader > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"ledger schema is at version {version} and this OpenOnce is at {SCHEMA_VERSION}:"
+            f" the ledger needs OpenOnce at {oldest_reader} or newer, so upgrade OpenOnce"
+            " here (pip install --upgrade openonce); migrating cannot help",
+            ledger_version=version,
+            needs_upgrade=True,
+        )
+    # Said once per client built (in practice once per process): nothing is wrong, but an
+    # operator should know this code lags the ledger before a version that raises the bar.
+    log.info(
+        "ledger schema is at version %d and this OpenOnce is at %d: it uses the ledger as"
+        " it is (the ledger takes OpenOnce at %d or newer); upgrade it in good time",
+        version,
+        SCHEMA_VERSION,
+        oldest_reader,
+    )
 
 
 def apply(cursor: Cursor, dialect: str) -> tuple[int, int]:
     """Bring the ledger schema up to SCHEMA_VERSION through ``cursor``, inside the caller's
     transaction. Returns (version before, version after). Used by the stores' ``migrate``
-    and by Django's ``manage.py migrate``, so both install exactly the same tables."""
-    from .errors import SchemaVersionError
+    and by Django's ``manage.py migrate``, so both install exactly the same tables.
 
+    A ledger a newer OpenOnce already migrated is left as it is when this code can still
+    use it (an older console's ``migrate`` at its deploy must not fail, nor undo anything):
+    then the version after is the ledger's own, above SCHEMA_VERSION. When this code cannot
+    use it, SchemaVersionError says to upgrade OpenOnce."""
     cursor.execute(SCHEMA_TABLE[dialect])
     before = current_version(cursor)
     if before > SCHEMA_VERSION:
-        raise SchemaVersionError(
-            f"ledger schema is version {before}; this OpenOnce knows {SCHEMA_VERSION}"
-        )
+        require_usable(before, readable_from(cursor, before))
+        return before, before
     for version, statements in sorted(migrations(dialect).items()):
         if version > before:
             for stmt in statements:
                 cursor.execute(stmt)
-            cursor.execute(f"INSERT INTO openonce_schema VALUES ({version}, {time.time()!r})")
+            cursor.execute(version_row(version, time.time()))
     return before, SCHEMA_VERSION

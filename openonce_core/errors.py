@@ -49,7 +49,7 @@ answer before it goes on: is the world as it was before, or may the effect be ou
     ├── EffectFailed                 a recorded failure whose exception class is not loaded
     │
     │   neither: the setup is wrong; no call can succeed until a person fixes it
-    ├── SchemaVersionError           the ledger schema is newer or older than this code
+    ├── SchemaVersionError           this code cannot use the ledger's schema version
     ├── ConfigurationError           set up in a way that breaks a promise (secrets, no pepper)
     ├── CapabilityError              provider knowledge that cannot be used (names the field)
     ├── WiringError                  a probers / capabilities reference that cannot be loaded
@@ -457,7 +457,17 @@ class LedgerUnavailableError(NothingRanError):
 
 
 class SchemaVersionError(OpenOnceError):
-    """The ledger schema is newer or older than this code; run ``openonce migrate``."""
+    """This code cannot use the ledger: its schema is older (run ``openonce migrate``), or
+    newer and needs a newer OpenOnce (upgrade it; a newer ledger that only added what this
+    code never touches is used as it is). The message says which; ``needs_upgrade`` is
+    True for the second (no migration helps), ``ledger_version`` is the ledger's."""
+
+    def __init__(
+        self, message: str, *, ledger_version: int | None = None, needs_upgrade: bool = False
+    ) -> None:
+        self.ledger_version = ledger_version
+        self.needs_upgrade = needs_upgrade
+        super().__init__(message)
 
 
 class ConfigurationError(OpenOnceError, ValueError):

@@ -57,9 +57,23 @@ def readyz(request: HttpRequest) -> JsonResponse:
         checks["database"] = f"unreachable: {type(exc).__name__}"
         return JsonResponse({"ready": False, "checks": checks}, status=503)
     try:
-        version = get_openonce().store.schema_version()
+        store = get_openonce().store
+        version = store.schema_version()
+        oldest = store.schema_readable_from() if version > SCHEMA_VERSION else version
         if version == SCHEMA_VERSION:
             checks["ledger_schema"] = f"ok (version {version})"
+        elif version > SCHEMA_VERSION and oldest <= SCHEMA_VERSION:
+            # A newer release migrated it (rolling upgrades): this one can still use it.
+            checks["ledger_schema"] = (
+                f"ok (version {version}, newer than this code's {SCHEMA_VERSION}, which can"
+                " still use it)"
+            )
+        elif version > SCHEMA_VERSION:
+            ready = False
+            checks["ledger_schema"] = (
+                f"version {version} needs OpenOnce at {oldest} or newer, this code is at"
+                f" {SCHEMA_VERSION}: deploy the newer release (migrating cannot help)"
+            )
         else:
             ready = False
             checks["ledger_schema"] = (

@@ -8,6 +8,7 @@ import argparse
 import json
 from typing import Any
 
+from .. import _schema as schema
 from .._records import Effect
 from ..errors import OpenOnceError
 from ..stores import open_store
@@ -21,7 +22,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         after = store.migrate()
     finally:
         store.close()
-    if before == after:
+    if after > schema.SCHEMA_VERSION:
+        # A newer OpenOnce migrated it, and this one may still use it (else migrate raised).
+        say(
+            f"ledger schema is at version {after}, newer than this OpenOnce"
+            f" ({schema.SCHEMA_VERSION}), which can still use it: nothing to migrate"
+        )
+    elif before == after:
         say(f"ledger schema already at version {after}")
     else:
         say(f"ledger schema migrated from version {before} to {after}")

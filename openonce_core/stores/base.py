@@ -30,8 +30,13 @@ class Store(Protocol):
     # to a refusal of the data. Before a handler runs, these become LedgerUnavailableError.
     unavailable: tuple[type[BaseException], ...]
 
+    # ``migrate`` returns the ledger's version after it: above SCHEMA_VERSION when a newer
+    # OpenOnce migrated the ledger and this one may still use it (then it changes nothing).
     def migrate(self) -> int: ...
     def schema_version(self) -> int: ...
+    # The oldest code version that may use the ledger, as it records it (openonce_schema.
+    # readable_from; the ledger's own version where it records none): _schema.require_usable.
+    def schema_readable_from(self) -> int: ...
 
     # -- reads ----------------------------------------------------------------------------
     def get(self, effect_id: str) -> Effect | None: ...

@@ -431,17 +431,16 @@ class PostgresStore(sql.SQLStore):
             with conn.transaction(), conn.cursor() as cur:
                 # Two processes migrating at once take turns instead of racing on CREATE.
                 cur.execute("SELECT pg_advisory_xact_lock(hashtext('openonce_schema'))")
-                schema.apply(cur, "postgres")
+                _, after = schema.apply(cur, "postgres")
         finally:
             conn.close()
-        return schema.SCHEMA_VERSION
+        return after
 
     def schema_version(self) -> int:
-        def work(cur: Any) -> int:
-            exists = cur.execute("SELECT to_regclass('openonce_schema')").fetchone()
-            return schema.current_version(cur) if exists and exists[0] else 0
+        return self._read(_schema_version)
 
-        return self._read(work)
+    def schema_readable_from(self) -> int:
+        return self._read(lambda cur: schema.readable_from(cur, _schema_version(cur)))
 
     # -- writes (called by openonce_core._ledger only) -----------------------------------------
 
@@ -597,10 +596,12 @@ class PostgresStore(sql.SQLStore):
         """The planner's figures for openonce_effects, from its last ANALYZE: its rows, and
         how many of them are in each of ``states``. Costs two catalog rows, where a count
         reads every row of the state (0.5 s a million once history is nearly all committed:
-        a scan of the table). None before the table's first ANALYZE. A state the sample did
-        not meet counts 0."""
+        a scan of the table). None without the state column's statistics (never analyzed,
+        or not readable by this role). A state the sample did not meet counts 0."""
         row = self._one(_ESTIMATES, ())
-        if row is None or row[0] is None or row[0] < 0:
+        # Not analyzed yet (reltuples -1), or analyzed without the state column's statistics
+        # (a restore, a VACUUM without ANALYZE, pg_stats hidden from this role): count.
+        if row is None or row[0] is None or row[0] < 0 or row[1] is None:
             return None
         rows, values, freqs = float(row[0]), row[1] or [], row[2] or []
         share = dict(zip(values, freqs, strict=False))
@@ -748,6 +749,11 @@ _ESTIMATES = (
     " AND s.attname = 'state' AND NOT s.inherited"
     " WHERE c.oid = 'openonce_effects'::regclass"
 )
+
+
+def _schema_version(cur: Any) -> int:
+    exists = cur.execute("SELECT to_regclass('openonce_schema')").fetchone()
+    return schema.current_version(cur) if exists and exists[0] else 0
 
 
 class _RetentionCursor:

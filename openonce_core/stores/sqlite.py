@@ -512,19 +512,28 @@ class SQLiteStore(sql.SQLStore):
     # -- schema ---------------------------------------------------------------------------
 
     def migrate(self) -> int:
+        after: list[int] = []
+
         def work(conn: sqlite3.Connection) -> bool:
-            schema.apply(conn.cursor(), "sqlite")
+            after.append(schema.apply(conn.cursor(), "sqlite")[1])
             return True
 
         self._write(work)
-        return schema.SCHEMA_VERSION
+        return after[0]
 
     def schema_version(self) -> int:
         with self._use() as conn:
-            exists = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE name = 'openonce_schema'"
-            ).fetchone()
-            return schema.current_version(conn.cursor()) if exists else 0
+            return self._schema_version(conn)
+
+    def schema_readable_from(self) -> int:
+        with self._use() as conn:
+            return schema.readable_from(conn.cursor(), self._schema_version(conn))
+
+    def _schema_version(self, conn: sqlite3.Connection) -> int:
+        exists = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE name = 'openonce_schema'"
+        ).fetchone()
+        return schema.current_version(conn.cursor()) if exists else 0
 
     # -- writes (called by openonce_core._ledger only) -----------------------------------------
 

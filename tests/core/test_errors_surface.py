@@ -70,6 +70,7 @@ EXAMPLES: list[BaseException] = [
     E.HandlerNotStartedError(EFFECT, "the event loop is closed"),
     E.LedgerUnavailableError("stripe.refund", "OperationalError: the server closed the connection"),
     E.SchemaVersionError("the ledger schema is v6, this code knows v5"),
+    E.SchemaVersionError("ledger at 9 needs OpenOnce at 9", ledger_version=9, needs_upgrade=True),
     E.ConfigurationError("secret_fields need a pepper"),
     E.WiringError("probers: no module named 'acme'"),
     E.CapabilityError("caps.json: $.stripe.grace: not a number"),

@@ -16,7 +16,7 @@ import pytest
 
 from openonce_core import OpenOnce, SQLiteStore, Store
 from openonce_core._reconcile import Reconciler
-from openonce_core._schema import SCHEMA_TABLE, SCHEMA_VERSION, migrations
+from openonce_core._schema import SCHEMA_TABLE, SCHEMA_VERSION, migrations, version_row
 from openonce_core.stores.postgres import PostgresStore
 from openonce_core.stores.sql import COLUMNS, JOURNAL_COLUMNS
 
@@ -33,7 +33,7 @@ def install_up_to(execute: Any, dialect: str, version: int) -> None:
         if v <= version:
             for stmt in statements:
                 execute(stmt)
-            execute(f"INSERT INTO openonce_schema VALUES ({v}, 0)")
+            execute(version_row(v, 0))
 
 
 def sender(oo: OpenOnce, calls: list[str]) -> Callable[[str], Any]:

@@ -47,11 +47,12 @@ STONE = (
 BY_ID = "SELECT tool, idempotency_key, state, archive FROM openonce_tombstones WHERE effect_id = "
 
 
-def test_v7_adds_only_the_tombstones_effect_index_on_both_dialects() -> None:
+def test_v7_adds_the_tombstones_effect_index_and_the_oldest_reader_on_both_dialects() -> None:
     for dialect in ("postgres", "sqlite"):
         assert SCHEMA_VERSION == 7
         assert migrations(dialect)[7] == [
-            f"CREATE INDEX {INDEX} ON openonce_tombstones (effect_id)"
+            f"CREATE INDEX {INDEX} ON openonce_tombstones (effect_id)",
+            "ALTER TABLE openonce_schema ADD COLUMN readable_from integer",
         ], dialect
 
 

@@ -363,6 +363,7 @@ def test_health_json_names_probers_quarantine_and_start(ledger, client, settings
 
 def test_livez_and_readyz(ledger, client, monkeypatch) -> None:
     from ledger.clients import get_openonce
+    from openonce_core._schema import SCHEMA_VERSION
 
     live = client.get("/livez")
     assert (live.status_code, live.json()) == (200, {"alive": True})
@@ -377,6 +378,17 @@ def test_livez_and_readyz(ledger, client, monkeypatch) -> None:
     old = client.get("/readyz")
     assert old.status_code == 503 and old.json()["ready"] is False
     assert "run manage.py migrate" in old.json()["checks"]["ledger_schema"]
+    # A newer release migrated the ledger: ready while it says this code may use it.
+    monkeypatch.setattr(store, "schema_version", lambda: SCHEMA_VERSION + 1)
+    monkeypatch.setattr(store, "schema_readable_from", lambda: SCHEMA_VERSION)
+    newer = client.get("/readyz")
+    assert newer.status_code == 200, newer.json()
+    assert "which can still use it" in newer.json()["checks"]["ledger_schema"]
+    monkeypatch.setattr(store, "schema_readable_from", lambda: SCHEMA_VERSION + 1)
+    beyond = client.get("/readyz")
+    assert beyond.status_code == 503
+    said = beyond.json()["checks"]["ledger_schema"]
+    assert "deploy the newer release" in said and "run manage.py migrate" not in said
     assert client.get("/livez").status_code == 200  # alive all the same
     assert client.post("/readyz").status_code == 405
 
