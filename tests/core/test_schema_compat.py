@@ -15,7 +15,7 @@ then run as the release at hand."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -33,6 +33,7 @@ from openonce_core import _schema as schema
 from openonce_core.errors import EffectArchivedError
 from openonce_core.testing import FakeClock
 from tests.core.test_schema_upgrade import install_up_to
+from tests.core.test_schema_v7 import refunder
 from tests.support.daemon import daemon_env, fresh_database, manage
 
 CURRENT = schema.SCHEMA_VERSION
@@ -118,15 +119,6 @@ def install(db: str) -> None:
         store.migrate()
     finally:
         store.close()
-
-
-def refunder(oo: OpenOnce, calls: list[str]) -> Callable[[str], str]:
-    @oo.effect(tool="stripe.refund", idempotency_key=lambda order: order)
-    def refund(order: str) -> str:
-        calls.append(order)
-        return "re_" + order
-
-    return refund
 
 
 def openonce(capsys: pytest.CaptureFixture[str], db: str, *args: str) -> tuple[int, str, str]:
