@@ -835,6 +835,11 @@ def effects_export(request: HttpRequest, fmt: str) -> HttpResponse | StreamingHt
     window = _relative_window(request, form)
     if not valid or form.errors:
         raise BadRequest("; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
+    if form.cleaned_data["before"] is not None:
+        raise BadRequest(
+            "before: an export runs from the newest row to older ones; leave before out,"
+            " and page on with the X-OpenOnce-Next-After value as after"
+        )
     f = _created_within(form.to_filter(), window)
     effects, more = selectors.effect_export(f, after=form.cleaned_data["after"])
     next_after = more.encode() if more else None

@@ -59,6 +59,7 @@ import gzip
 import json
 import math
 import os
+import re
 import uuid
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -766,6 +767,7 @@ def _gunzip(raw: bytes, name: str) -> tuple[bytes, bool]:
 
 
 _KNOWN_FIELDS = frozenset(FIELDS)
+_EFFECT_ID = re.compile(r"eff_[0-9a-f]{32}")
 
 
 def _check_line(doc: Any, where: str) -> None:
@@ -774,6 +776,13 @@ def _check_line(doc: Any, where: str) -> None:
     effect = doc.get("effect")
     if not isinstance(effect, dict) or not isinstance(effect.get("id"), str):
         raise ArchiveError(f"{where}: no effect in it")
+    # The retention writes only ids the library made; another id ("a/b", a space, a
+    # thousand characters) would come back as an effect no console link can name.
+    if not _EFFECT_ID.fullmatch(effect["id"]):
+        raise ArchiveError(
+            f"{where}: effect id {effect['id'][:80]!r} is not one OpenOnce makes"
+            " (eff_ and 32 hexadecimal digits)"
+        )
     unknown = set(effect) - _KNOWN_FIELDS
     if unknown:
         raise ArchiveError(

@@ -301,6 +301,23 @@ def test_a_bad_archive_is_refused_and_changes_nothing(store, tmp_path, content, 
     assert store.list_effects() == []
 
 
+@pytest.mark.parametrize(
+    "bad_id", ["eff_" + "1" * 31 + "/", "eff_" + "A" * 32, "../etc", "", "eff_" + "1" * 4000]
+)
+def test_an_archive_line_with_an_id_openonce_never_makes_is_refused(
+    store, tmp_path, bad_id
+) -> None:
+    """A foreign or edited archive: an id with a slash would come back as an effect that
+    no console link can name (the effects list would fail to render)."""
+    _, _, _, doc = _archive_one(store, tmp_path)
+    forged = json.loads(json.dumps(doc))
+    forged["effect"]["id"] = bad_id
+    crafted = _write_archive(tmp_path / "forged.jsonl.gz", [doc, forged])
+    with pytest.raises(ArchiveError, match=r"line 2: effect id .* is not one OpenOnce makes"):
+        import_archive(store, crafted)
+    assert store.get(doc["effect"]["id"]) is None  # the good first line was not imported
+
+
 def test_an_archive_cut_short_imports_its_whole_lines(store, tmp_path) -> None:
     _, _, path, doc = _archive_one(store, tmp_path)
     with open(path, "rb") as f:

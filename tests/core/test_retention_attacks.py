@@ -467,8 +467,8 @@ def test_the_command_refuses_a_malformed_archive_with_exit_1(tmp_path) -> None:
 
     db = str(tmp_path / "cli.db")
     assert openonce(db, "migrate").returncode == 0
-    doc = {"archive_format": 1, "effect": {"id": "eff_x", "state": "committed", "args": {}},
-           "journal": [{"at": 1.0}], "approvals": []}  # fmt: skip
+    effect = {"id": "eff_" + "0" * 32, "state": "committed", "args": {}}
+    doc = {"archive_format": 1, "effect": effect, "journal": [{"at": 1.0}], "approvals": []}
     done = openonce(db, "retention", "import", _gz(tmp_path, doc))
     assert done.returncode == 1 and "'seq' missing" in done.stderr
     assert "Traceback" not in done.stderr

@@ -632,3 +632,27 @@ def test_a_digest_deleted_while_the_notifier_settles_it(ledger: str, monkeypatch
 
     assert dispatch._send_digests({}, time.time(), 10) == (0, 1)  # its channel is gone
     assert not Digest.objects.exists()
+
+
+# -- 5. an export address with before= ----------------------------------------------------
+
+
+def test_an_export_with_before_is_refused_not_silently_started_from_the_newest(
+    refunds: Refunds, users, monkeypatch
+) -> None:
+    """The list's page links carry before=; an export pages only forward (after=). A
+    hand-made export address with before= used to be answered from the newest row, as if
+    before were not there: a download that was not what was asked for."""
+    from console import selectors
+
+    client = client_for(users["viewer"])
+    monkeypatch.setattr(selectors, "EFFECTS_EXPORT_LIMIT", 1)
+    first = client.get(reverse("effects-csv"))
+    cursor = first["X-OpenOnce-Next-After"]
+    for name in ("effects-csv", "effects-json"):
+        refused = client.get(reverse(name), {"before": cursor})
+        assert refused.status_code == 400
+        assert "leave before out" in text_of(refused)
+        assert "after" in text_of(refused)
+    rest = client.get(reverse("effects-csv"), {"after": cursor})
+    assert rest.status_code == 200
