@@ -34,6 +34,7 @@ from openonce_core import (
     OpenOnce,
     OutcomeUnknownError,
 )
+from openonce_core.testing import FakeClock
 from tests.support.workers import append_line, read_lines, wait_for_file
 
 WORKERS = Path(__file__).resolve().parents[1] / "support" / "workers.py"
@@ -116,6 +117,19 @@ def wait_for_lines(
         if time.monotonic() > deadline:
             raise AssertionError(f"{path} did not get {count} lines within {timeout}s")
         time.sleep(0.001)
+
+
+def wait_until(check: Callable[[], Any], what: str, timeout: float = 30.0) -> None:
+    """Wait (real time, bounded) for other threads to get somewhere."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
+def waiting(oo: OpenOnce) -> list[str]:
+    """The effects callers of ``oo`` wait on (its store's in-process wake-up board)."""
+    return list(oo.store.board.waiting())  # type: ignore[attr-defined]
 
 
 def kill_9(proc: subprocess.Popen[bytes]) -> None:
@@ -280,9 +294,12 @@ def test_four_processes_two_hundred_shared_keys(
 # -- 3. kill -9 between claim and receipt --------------------------------------------------------
 
 
-def _hang_effects(oo: OpenOnce, marker: Path) -> tuple[Callable[..., Any], Callable[..., Any]]:
+def _hang_effects(
+    oo: OpenOnce, marker: Path, long_wait: float = 3 * CHILD_LEASE + 5
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """The child's ``hang`` effect as the test process declares it: same tool, key and
-    arguments. Its handler appends to the same marker, so a re-run would show there."""
+    arguments. Its handler appends to the same marker, so a re-run would show there.
+    ``short`` waits 0.2 s for a call in flight, ``long`` waits ``long_wait``."""
 
     def handler(n: int) -> str:
         append_line(marker, "re-run by the test process")
@@ -290,7 +307,7 @@ def _hang_effects(oo: OpenOnce, marker: Path) -> tuple[Callable[..., Any], Calla
 
     kwargs: dict[str, Any] = {"tool": "hang", "idempotency_key": lambda n: f"hang-{n}"}
     short = oo.effect(handler, wait_seconds=0.2, **kwargs)
-    long = oo.effect(handler, wait_seconds=3 * CHILD_LEASE + 5, **kwargs)
+    long = oo.effect(handler, wait_seconds=long_wait, **kwargs)
     return short, long
 
 
@@ -388,7 +405,11 @@ def test_kill_9_is_parked_by_the_sweep_at_once(
     """The sweep path: ``expire_leases()`` parks a dead local owner's claim without waiting
     for its lease; a duplicate afterwards raises and never runs."""
     marker = tmp_path / "marker"
-    effect_id, _ = _claimed_by_killed_child(children, durable_target, marker, n=2)
+    # A 300 s lease: still running when the sweep looks, however slow the machine was to
+    # get there (with 1 s, a stall after the claim could let it run out: a false failure).
+    effect_id, _ = _claimed_by_killed_child(
+        children, durable_target, marker, n=2, lease_seconds=300.0
+    )
     oo = clients()
     assert oo.get(effect_id).lease_expires_at > oo.clock.now()  # the lease still runs
     assert oo.expire_leases() == [effect_id]
@@ -412,15 +433,33 @@ def test_a_killed_owner_on_another_host_is_waited_out_then_unknown(
     effect_id, _ = _claimed_by_killed_child(
         children, durable_target, marker, n=3, owner="elsewhere:4242:-"
     )
-    oo = clients()
+    # This side's ledger time is a FakeClock set to the moment the lease has one second
+    # left: it is live until the test moves the clock past its end, however long this
+    # (loaded) machine took to get here, and it runs out without waiting for it.
+    claimed = clients().get(effect_id)
+    assert claimed.lease_expires_at is not None
+    clock = FakeClock(claimed.lease_expires_at - CHILD_LEASE)
+    oo = clients(clock=clock)
     short, _ = _hang_effects(oo, marker)
     assert oo.expire_leases() == []  # not judged dead: it may be running over there
-    if oo.get(effect_id).lease_expires_at - oo.clock.now() > 0.4:
-        with pytest.raises(EffectInFlightError):
-            short(3)
-    waiters = [_hang_effects(clients(), marker)[1] for _ in range(3)]
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        outcomes = [f.exception(3 * CHILD_LEASE + 10) for f in [pool.submit(w, 3) for w in waiters]]
+    waiting_clients = [clients(clock=clock) for _ in range(3)]
+    waiters = [_hang_effects(c, marker, long_wait=600)[1] for c in waiting_clients]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        try:
+            early = pool.submit(short, 3)
+            wait_until(lambda: waiting(oo) == [effect_id], "the short wait")
+            clock.advance(CHILD_LEASE / 2)  # its 0.2 s are over; the lease still runs
+            assert isinstance(early.exception(30), EffectInFlightError)
+            futures = [pool.submit(w, 3) for w in waiters]
+            wait_until(
+                lambda: all(waiting(c) == [effect_id] for c in waiting_clients),
+                "the long waits",
+            )
+            assert not any(f.done() for f in futures)
+            clock.advance(100)  # the lease ran out long ago, never renewed
+            outcomes = [f.exception(30) for f in futures]
+        finally:
+            clock.advance(1000)  # whoever still waits (the test failed) stops waiting
     assert all(isinstance(o, OutcomeUnknownError) for o in outcomes), outcomes
     assert read_lines(marker) == [effect_id], "the handler ran again"
     _assert_parked_unknown(oo, effect_id, "lease of attempt 1 held by elsewhere:4242:- expired")
@@ -436,9 +475,12 @@ def test_waiting_duplicate_wakes_promptly_in_process(
     """Duplicates that arrive while the first call runs return right after it commits.
     ``shared-client``: woken through the in-process board; ``own-client``: each waiter has
     its own OpenOnce, so the wake-up comes through the store (NOTIFY on Postgres, the 2 ms
-    poll on SQLite)."""
+    poll on SQLite).
+
+    The first call's handler returns once every waiter is parked in its wait (not after a
+    fixed 0.3 s a slow start of the waiter threads could outlast)."""
     waiters = 3
-    entered = threading.Event()
+    entered, release = threading.Event(), threading.Event()
     handler_calls: list[int] = []
 
     def make_effect(oo: OpenOnce) -> Callable[..., Any]:
@@ -446,14 +488,25 @@ def test_waiting_duplicate_wakes_promptly_in_process(
         def inflight(n: int) -> dict[str, Any]:
             handler_calls.append(n)
             entered.set()
-            time.sleep(0.3)
+            assert release.wait(30), "the waiters never all waited"
             return {"n": n}
 
         return inflight
 
     first_oo = clients()
     first_effect = make_effect(first_oo)
-    waiter_effects = [make_effect(clients() if own_client else first_oo) for _ in range(waiters)]
+    waiter_clients = [clients() if own_client else first_oo for _ in range(waiters)]
+    waiter_effects = [make_effect(c) for c in waiter_clients]
+    # A waiter is parked once it watches the effect (it registers before its last read, so
+    # the commit wakes it even if it lands in between).
+    watching: list[str] = []
+    for store in {id(c.store): c.store for c in waiter_clients}.values():
+
+        def counted(effect_id: str, _watch: Any = store.watch) -> Any:
+            watching.append(effect_id)
+            return _watch(effect_id)
+
+        store.watch = counted  # type: ignore[method-assign]
     stamps: dict[str, float] = {}
     results: dict[str, Any] = {}
     errors: list[BaseException] = []
@@ -474,6 +527,10 @@ def test_waiting_duplicate_wakes_promptly_in_process(
     ]
     for t in others:
         t.start()
+    try:
+        wait_until(lambda: len(watching) >= waiters, "every waiter to wait")
+    finally:
+        release.set()
     for t in [first, *others]:
         t.join(30)
     assert errors == []
@@ -496,9 +553,13 @@ def test_waiting_duplicate_wakes_promptly_across_processes(
 ) -> None:
     """The first call runs in a child process; the duplicate waits in this process. On
     Postgres the wake-up is LISTEN/NOTIFY (the 1 s safety-net poll would overshoot the
-    bound), on SQLite a 2 ms poll. Three rounds, each on a fresh key."""
+    bound), on SQLite a 2 ms poll. Three rounds, each on a fresh key.
+
+    The child's handler sleeps 1 s: the duplicate must be called while it runs, and this
+    process notices the child's marker within that second even on a loaded machine (0.3 s
+    leaves a stall there little room)."""
     rounds = 3
-    handler_sleep = 0.3
+    handler_sleep = 1.0
     oo = clients()  # opened before the child starts, so connecting is not measured
     reruns: list[int] = []
 

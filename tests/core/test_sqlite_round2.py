@@ -267,7 +267,9 @@ def test_no_connection_is_open_at_fork_while_other_threads_use_the_ledger(tmp_pa
     try:
         for c in range(10):
             before = list(busy)
+            deadline = time.monotonic() + 30
             while busy == before and not failures:  # the threads are in their loops
+                assert time.monotonic() < deadline, "the hammering threads stopped"
                 time.sleep(0.001)
             pid = os.fork()
             if pid == 0:
@@ -314,7 +316,7 @@ def test_forks_while_the_lease_keeper_renews_a_running_effect(tmp_path):
     result: list[Any] = []
     runner = threading.Thread(target=lambda: result.append(long()))
     runner.start()
-    started.wait()
+    assert started.wait(30), "the long effect's handler never started"
     pids = []
     try:
         for c in range(8):
@@ -330,7 +332,7 @@ def test_forks_while_the_lease_keeper_renews_a_running_effect(tmp_path):
                 run_child(work, tmp_path, f"child-{c}")
             pids.append(pid)
             # The keeper renewed after this fork too (real time, bounded: it is a thread).
-            deadline = time.monotonic() + 15
+            deadline = time.monotonic() + 30
             while oo.store.find("long", "long").lease_expires_at < renewed_past:
                 assert time.monotonic() < deadline, "the lease keeper stopped renewing"
                 time.sleep(0.002)
@@ -376,7 +378,7 @@ def test_a_fork_from_inside_a_statement_does_not_wait_for_itself(tmp_path):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=DEADLINE,
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
@@ -400,7 +402,7 @@ def test_an_in_memory_ledger_is_forked_between_transactions(tmp_path):
 
     thread = threading.Thread(target=writer)
     thread.start()
-    in_transaction.wait()
+    assert in_transaction.wait(30), "the writer never began its transaction"
     go.set()  # the writer needs the GIL back to commit; the fork must wait for it
     pid = os.fork()
     if pid == 0:

@@ -142,13 +142,14 @@ def test_unknown_effects_are_resolved_by_worker_and_beat(daemon: Daemon) -> None
     t0 = time.monotonic()
     daemon.worker("worker")
     daemon.beat("beat")
-    elapsed = wait_until(
+    # Starting a Celery worker and a beat takes seconds on a loaded machine; 60 s is only
+    # the point where "not yet" becomes "never".
+    wait_until(
         lambda: not daemon.unresolved(list(ids.values())),
-        20,
+        60,
         "worker + beat resolve paid-1, lost-1, odd-1",
         on_timeout=daemon.logs,
     )
-    assert elapsed < 20
     log(f"from process start to all resolved: {time.monotonic() - t0:.2f}s")
 
     states = daemon.ledger.states(ids.values())
@@ -202,21 +203,22 @@ def test_worker_killed_mid_probe_then_new_worker_resolves_exactly_once(daemon: D
     # The whole worker dies, so Redis redelivers nothing before its visibility timeout;
     # a later tick hands the effect out again once the dead worker's claims lapse
     # (dispatch claim OPENONCE_DISPATCH_TTL, probe claim probe timeout + 5 s).
+    # The probe takes 6 s: the kill below must land while it is in flight, and the test
+    # sees the probe start within 0.05 s when idle, so a loaded machine has seconds to spare.
     slow = daemon.env_with(
-        OPENONCE_TEST_PROBE_SLEEP="3", OPENONCE_PROBE_TIMEOUT="5", OPENONCE_DISPATCH_TTL="3"
+        OPENONCE_TEST_PROBE_SLEEP="6", OPENONCE_PROBE_TIMEOUT="8", OPENONCE_DISPATCH_TTL="3"
     )
     eid = make_unknown(daemon.dsn, ["paid-k"])["paid-k"]
     first = daemon.worker("worker-1", env=slow, concurrency=1)
     daemon.beat("beat")
     wait_until(
         lambda: any(e == eid for e, _ in read_probe_log(daemon.probe_log)),
-        20,
+        60,
         "first worker starts probing paid-k",
         interval=0.05,
         on_timeout=daemon.logs,
     )
-    time.sleep(0.3)  # well inside the 3 s probe
-    first.kill9()
+    first.kill9()  # the probe logged its start: it is in flight
     killed_at = time.monotonic()
     log(f"SIGKILLed worker-1's process group (pid {first.pid})")
     assert not first.alive()
@@ -226,7 +228,7 @@ def test_worker_killed_mid_probe_then_new_worker_resolves_exactly_once(daemon: D
     daemon.worker("worker-2", env=slow, concurrency=1)
     wait_until(
         lambda: daemon.ledger.states([eid])[eid] != "unknown",
-        30,
+        90,
         "a new worker resolves paid-k after the kill",
         on_timeout=daemon.logs,
     )
@@ -254,7 +256,8 @@ def test_pool_child_killed_mid_probe_task_is_redelivered(daemon: Daemon) -> None
     """acks_late + task_reject_on_worker_lost: when the pool process running a batch dies,
     the worker gives the message back and runs it again. No beat here, so only that
     redelivery (not a later tick) can resolve the effect."""
-    slow = daemon.env_with(OPENONCE_TEST_PROBE_SLEEP="2")
+    # The probe takes 5 s: the kill below must land while it is in flight.
+    slow = daemon.env_with(OPENONCE_TEST_PROBE_SLEEP="5")
     eid = make_unknown(daemon.dsn, ["paid-r"])["paid-r"]
     worker = daemon.worker("worker", env=slow, concurrency=1)
     sender = Celery("test-sender", broker=daemon.broker_url)
@@ -264,20 +267,19 @@ def test_pool_child_killed_mid_probe_task_is_redelivered(daemon: Daemon) -> None
         sender.close()
     wait_until(
         lambda: read_probe_log(daemon.probe_log),
-        20,
+        60,
         "worker starts probing paid-r",
         interval=0.05,
         on_timeout=daemon.logs,
     )
     _, child = read_probe_log(daemon.probe_log)[0]
     assert child != worker.pid
-    time.sleep(0.3)
-    os.kill(child, signal.SIGKILL)
+    os.kill(child, signal.SIGKILL)  # the probe logged its start: it is in flight
     killed_at = time.monotonic()
     log(f"SIGKILLed pool child {child}; the worker main process {worker.pid} lives on")
     wait_until(
         lambda: daemon.ledger.states([eid])[eid] != "unknown",
-        20,
+        60,
         "redelivered batch resolves paid-r",
         on_timeout=daemon.logs,
     )
@@ -320,7 +322,7 @@ def test_two_beats_two_workers_resolve_every_effect_once(daemon: Daemon) -> None
     ids = list(orders.values())
     wait_until(
         lambda: daemon.ledger.count_state("unknown") == 0,
-        30,
+        60,
         "every effect resolved after the feed stopped",
         on_timeout=daemon.logs,
     )
@@ -380,7 +382,10 @@ def test_two_beats_two_workers_resolve_every_effect_once(daemon: Daemon) -> None
     # Both beats ticked all along, and more sweeps ran than either beat alone sent.
     assert min(sent) >= 0.6 * run_seconds
     assert len(sweeps) > max(sent)
-    assert max(latencies) < 15
+    # Each effect is picked up within a few 1 s ticks when idle. 45 s leaves a loaded
+    # machine room and still fails on an effect stranded until its dispatch claim lapsed
+    # (OPENONCE_DISPATCH_TTL, 60 s): the defect this bound is here to catch.
+    assert max(latencies) < 45
 
 
 def _resolution_latencies(journal: list[dict]) -> list[float]:
@@ -428,7 +433,7 @@ def test_redis_restart_health_goes_red_then_green_and_work_resumes(daemon: Daemo
         worker, beat = daemon.worker("worker"), daemon.beat("beat")
         wait_until(
             lambda: not daemon.unresolved(list(first.values())),
-            20,
+            60,
             "paid-before committed while Redis is up",
             on_timeout=daemon.logs,
         )
@@ -447,7 +452,7 @@ def test_redis_restart_health_goes_red_then_green_and_work_resumes(daemon: Daemo
 
         wait_until(
             unhealthy,
-            20,
+            60,
             "reconciler_health reports UNHEALTHY with Redis down",
             interval=0.3,
             on_timeout=lambda: seen.get("text", ""),
@@ -455,7 +460,7 @@ def test_redis_restart_health_goes_red_then_green_and_work_resumes(daemon: Daemo
         assert "UNHEALTHY" in seen["text"]
         # Agents keep working without Redis: the ledger is Postgres.
         during = make_unknown(daemon.dsn, ["paid-during", "lost-during"])
-        time.sleep(1)
+        time.sleep(1)  # a lower bound on the observation: with Redis down, nothing resolves
         assert daemon.unresolved(list(during.values())) == list(during.values())
 
         redis_start()
@@ -478,7 +483,7 @@ def test_redis_restart_health_goes_red_then_green_and_work_resumes(daemon: Daemo
         assert states[during["paid-during"]] == "committed"
         assert states[during["lost-during"]] == "planned"
         assert states[after["paid-after"]] == "committed"
-        wait_until(lambda: health()[0] == 0, 20, "reconciler_health healthy again", interval=0.3)
+        wait_until(lambda: health()[0] == 0, 60, "reconciler_health healthy again", interval=0.3)
         assert worker.alive() and beat.alive(), daemon.logs()
         for eid in [*first.values(), *ids]:
             assert len(daemon.leaving_unknown(eid)) == 1
@@ -500,12 +505,12 @@ def _drain_backlog(daemon: Daemon, n: int, sleep: str, concurrency: int) -> dict
     env = daemon.env_with(OPENONCE_TEST_PROBE_SLEEP=sleep)
     daemon.worker("worker", env=env, concurrency=concurrency, loglevel="warning")
     daemon.beat("beat")
-    wait_until(lambda: daemon.ledger.sweeps(), 20, "first sweep", on_timeout=daemon.logs)
+    wait_until(lambda: daemon.ledger.sweeps(), 60, "first sweep", on_timeout=daemon.logs)
     started = time.monotonic()
     worst_gap = 0.0
     verdicts: list[bool] = []
     while daemon.unresolved(ids):
-        assert time.monotonic() - started < 60, daemon.logs()
+        assert time.monotonic() - started < 120, "backlog not drained in 120 s\n" + daemon.logs()
         row = daemon.ledger.conn.execute(
             "SELECT extract(epoch FROM now() - max(started_at)) FROM reconciler_sweep"
         ).fetchone()
@@ -549,5 +554,8 @@ def test_health_stays_green_while_workers_drain_a_backlog(daemon: Daemon) -> Non
     # Ticks may wait in the queue behind the batches, so sweeps can be late; batches keep
     # finishing, and health reads that as a backlog draining, not as a stopped daemon.
     stats = _drain_backlog(daemon, 30, "0.25", concurrency=2)
-    assert stats["health_checks"] >= 2
+    # How many checks fit in the drain depends on how fast manage.py starts (about 1 s
+    # idle: several checks; over 7 s with every core taken: one). Each one taken while
+    # effects were still UNKNOWN must be green.
+    assert stats["health_checks"] >= 1
     assert stats["unhealthy"] == 0

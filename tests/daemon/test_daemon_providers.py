@@ -138,11 +138,21 @@ def test_a_revoked_key_turns_health_red_within_two_intervals(
     daemon.beat("beat", env=env)
     wait_until(lambda: stripe.seen(), 60, "the first probe reaches Stripe", interval=0.1,
                on_timeout=daemon.logs)  # fmt: skip
-    first = time.monotonic()
-    took = wait_until(lambda: prober_status(daemon).get("stripe"), 10,
-                      "health records the stripe prober failing", interval=0.1,
-                      on_timeout=daemon.logs)  # fmt: skip
-    assert time.monotonic() - first <= 2 * 2.0, took  # two sweep intervals
+    wait_until(lambda: prober_status(daemon).get("stripe"), 60,
+               "health records the stripe prober failing", interval=0.1,
+               on_timeout=daemon.logs)  # fmt: skip
+    # Within two sweeps, counted in probes rather than seconds (a loaded machine runs the
+    # sweeps late, it does not add probes): Stripe answered at most two sweeps' probes of
+    # the two effects before the prober was marked failing. The fake stamps requests on
+    # this host's monotonic clock; the status row on its wall clock.
+    row = daemon.ledger.conn.execute(
+        "SELECT since FROM reconciler_proberstatus WHERE provider = 'stripe'"
+    ).fetchone()
+    assert row is not None and row[0] is not None
+    wall = time.time() - time.monotonic()
+    before = [r for r in stripe.seen() if r.at + wall <= row[0].timestamp()]
+    log(f"{len(before)} requests answered before the prober was marked failing")
+    assert 1 <= len(before) <= 2 * len(ids), [(r.path, r.status) for r in stripe.seen()]
     health = manage(env, "reconciler_health", "--json")
     report = json.loads(health.stdout)
     assert health.returncode == 1 and report["healthy"] is False
@@ -274,7 +284,7 @@ def test_workers_send_task_events(daemon: Daemon) -> None:
 
     listener = threading.Thread(target=listen, daemon=True)
     listener.start()
-    ready.wait(10)
+    assert ready.wait(30), "the event receiver did not start"
     # The receiver may bind a moment after it is created: send (harmless repeats of one
     # batch) until an event shows up, at most one a second.
     deadline = time.monotonic() + 60

@@ -65,7 +65,7 @@ PACKAGES = (
 )
 CADDY = "/usr/bin/caddy"
 PASSWORD = "a long and unguessable passphrase"
-CONFIRM_TIMEOUT = 10_000  # ms
+CONFIRM_TIMEOUT = 30_000  # ms: actions, navigations and expect() on a loaded machine
 
 pytestmark = pytest.mark.slow
 
@@ -511,7 +511,7 @@ def sign_in(page: Page, username: str) -> None:
 
 def test_the_sign_in_page_is_styled(page: Page) -> None:
     page.goto("/login/")
-    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible(timeout=CONFIRM_TIMEOUT)
     body = page.evaluate("getComputedStyle(document.body).backgroundColor")
     card = page.evaluate("getComputedStyle(document.querySelector('.signin')).maxWidth")
     assert (body, card) == ("rgb(246, 247, 249)", "380px")  # console.css, applied
@@ -534,13 +534,15 @@ def test_approving_a_refund_and_resolving_an_unknown_on_the_deployed_console(
     sign_in(page, "approver")
     page.goto(f"/effects/{refund_id}/")
     expect(page.locator("#effect > header .state")).to_have_attribute(
-        "data-state", "requires_approval"
+        "data-state", "requires_approval", timeout=CONFIRM_TIMEOUT
     )
     form = page.locator("#action-approve")
     form.locator("[name=reason]").fill("customer called; refund is due")
     form.locator("input[name=confirm]").check()
     form.get_by_role("button", name="Approve").click()
-    expect(page.locator("#effect > header .state")).to_have_attribute("data-state", "approved")
+    expect(page.locator("#effect > header .state")).to_have_attribute(
+        "data-state", "approved", timeout=CONFIRM_TIMEOUT
+    )
     screenshot(page, "deployed-refund-approved.png")
     last = agent.oo.journal(refund_id)[-1]
     assert (last.actor, last.reason) == ("operator:approver", "customer called; refund is due")
@@ -553,13 +555,17 @@ def test_approving_a_refund_and_resolving_an_unknown_on_the_deployed_console(
     page.get_by_role("button", name="Sign out").click()
     sign_in(page, "operator")
     page.goto(f"/effects/{charge_id}/")
-    expect(page.locator("#effect > header .state")).to_have_attribute("data-state", "unknown")
+    expect(page.locator("#effect > header .state")).to_have_attribute(
+        "data-state", "unknown", timeout=CONFIRM_TIMEOUT
+    )
     form = page.locator("#action-resolve-happened")
     form.locator("[name=receipt]").fill('{"stripe_id": "pi_d1"}')
     form.locator("[name=reason]").fill("pi_d1 is in the Stripe dashboard")
     form.locator("input[name=confirm]").check()
     form.get_by_role("button", name="Resolve: it happened").click()
-    expect(page.locator("#effect > header .state")).to_have_attribute("data-state", "committed")
+    expect(page.locator("#effect > header .state")).to_have_attribute(
+        "data-state", "committed", timeout=CONFIRM_TIMEOUT
+    )
     screenshot(page, "deployed-unknown-resolved.png")
     effect = agent.oo.get(charge_id)
     assert (effect.state, effect.result) == ("committed", {"stripe_id": "pi_d1"})
@@ -568,7 +574,7 @@ def test_approving_a_refund_and_resolving_an_unknown_on_the_deployed_console(
     assert agent.calls["charge"] == 1  # replayed, not charged again
 
     page.goto("/reconciler/")
-    expect(page.locator("body")).to_contain_text("healthy")
+    expect(page.locator("body")).to_contain_text("healthy", timeout=CONFIRM_TIMEOUT)
 
 
 def test_sign_in_is_throttled_on_the_deployed_console(running: Stack) -> None:

@@ -208,20 +208,35 @@ def test_one_request_of_a_token_is_in_flight_at_a_time_in_the_process(github):
     assert github.peak_in_flight == 1
 
 
-def test_a_request_that_cannot_get_its_turn_in_time_is_not_sent(github):
+def test_a_request_that_cannot_get_its_turn_in_time_is_not_sent(github, monkeypatch):
     github.add_pull("acme", "api", "fix-login")
-    github.delay = 0.5
-    slow = prober(github, timeout=5.0)
+    # The first request's reply is held until the test lets it go (not a delay that a
+    # loaded machine could outlast before the second probe asks for its turn).
+    release = threading.Event()
+    answering = github.answering
+
+    def held(seen: Any) -> None:
+        if seen is not None:
+            release.wait(30)
+        answering(seen)
+
+    monkeypatch.setattr(github, "answering", held)
+    slow = prober(github, timeout=60.0)
     first = threading.Thread(target=lambda: slow.probe(pr_effect()))
     first.start()
-    deadline = time.monotonic() + 5
-    while not github.seen() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    impatient = prober(github, timeout=0.1)  # same token, same API: same turn to wait for
-    with pytest.raises(ProbeTransientError, match="not asked") as info:
-        impatient.probe(pr_effect())
-    assert info.value.sent is False
-    first.join(30)
+    try:
+        deadline = time.monotonic() + 30
+        while not github.seen():
+            assert time.monotonic() < deadline, "the first request never reached the server"
+            time.sleep(0.01)
+        impatient = prober(github, timeout=0.1)  # same token, same API: same turn to wait for
+        with pytest.raises(ProbeTransientError, match="not asked") as info:
+            impatient.probe(pr_effect())
+        assert info.value.sent is False
+    finally:
+        release.set()
+        first.join(30)
+    assert not first.is_alive()
     assert len(github.seen()) == 1
 
 

@@ -225,12 +225,16 @@ def test_connections_per_account_are_capped_in_the_process(imap, pki):
 
 def test_waiting_for_a_connection_past_the_budget_is_transient_and_sends_nothing(imap, pki):
     imap.add_sent(MID)
-    imap.delay = 0.3  # one probe holds the only connection for a while
-    p = prober(imap, pki, max_connections=1, timeout=5.0)
+    # One probe holds the only connection for a while: after its login, at least four
+    # more answers (login, select, search, logout) of 0.6 s each, so the second probe
+    # asks while the connection is taken even if a loaded machine stalls it a second.
+    imap.delay = 0.6
+    p = prober(imap, pki, max_connections=1, timeout=30.0)
     first = threading.Thread(target=lambda: p.probe(email_effect()))
     first.start()
-    deadline = time.monotonic() + 5
-    while imap.logins == 0 and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30
+    while imap.logins == 0:
+        assert time.monotonic() < deadline, "the first probe never logged in"
         time.sleep(0.01)
     folder = p.client
     assert isinstance(folder, ImapSentFolder)
@@ -238,7 +242,8 @@ def test_waiting_for_a_connection_past_the_budget_is_transient_and_sends_nothing
     with pytest.raises(ProbeTransientError, match="not asked") as info:
         p.probe(email_effect())
     assert info.value.sent is False and info.value.retry_after is not None
-    first.join(30)
+    first.join(60)
+    assert not first.is_alive()
     assert imap.logins == 1  # the refused probe never connected
 
 

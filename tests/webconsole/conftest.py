@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.browser import launch
+from tests.support.browser import TIMEOUT_MS, launch
 from tests.support.fake_http import WebhookReceiver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def open_page(chromium: Any, live_server: Any) -> Iterator[Callable[..., Any]]:
         if timezone:
             options["timezone_id"] = timezone
         context = chromium.new_context(**options)
-        context.set_default_timeout(10_000)
+        context.set_default_timeout(TIMEOUT_MS)
         contexts.append(context)
 
         def with_csp(route: Any) -> None:

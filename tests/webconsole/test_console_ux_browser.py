@@ -42,10 +42,6 @@ def sign_in(page: Page, username: str) -> None:
     sign_in_with(page, username, PASSWORD)
 
 
-def row_count(page: Page) -> int:
-    return page.locator("#queue-rows tr[data-row]").count()
-
-
 # -- live updates -------------------------------------------------------------------------
 
 
@@ -58,8 +54,8 @@ def test_focus_and_a_selection_survive_three_refreshes(open_page, agent: Agent, 
     expect(page).to_have_title(re.compile(r"^\(2\) Human queue"))
 
     page.keyboard.press("j")  # the first row's link takes the focus
-    focused = page.evaluate("document.activeElement.getAttribute('href')")
-    assert focused == reverse("effect", args=[first])
+    focused = reverse("effect", args=[first])
+    expect(page.locator(":focus")).to_have_attribute("href", focused)
     # Select the second row's argument summary, as someone about to copy it would.
     selected = page.evaluate(
         """(id) => {
@@ -78,14 +74,15 @@ def test_focus_and_a_selection_survive_three_refreshes(open_page, agent: Agent, 
     for n in range(3):
         newcomer = agent.pending(charge=f"ch_new_{n}", amount=300 + n)
         # The table refreshes on its own every 5 s: wait for the new row, deadline-bound.
-        page.wait_for_selector(f"#row-{newcomer}", timeout=15_000)
         row = page.locator(f"#row-{newcomer}")
+        expect(row).to_be_visible(timeout=15_000)
         expect(row).to_have_class(re.compile(r"\bnew\b"))
         expect(row).to_contain_text("new")
+        # The title follows after the swap settles: only then is the refresh over.
         expect(page).to_have_title(re.compile(rf"^\({3 + n}\) Human queue"))
         assert page.evaluate("document.activeElement.getAttribute('href')") == focused
         assert page.evaluate("window.getSelection().toString()") == selected
-    assert row_count(page) == 5
+    expect(page.locator("#queue-rows tr[data-row]")).to_have_count(5)
     # The rows that were there before stay unmarked.
     assert "new" not in (page.locator(f"#row-{first}").get_attribute("class") or "")
 
@@ -239,7 +236,7 @@ def test_no_page_scrolls_sideways_at_390px(open_page, agent: Agent, users) -> No
 
 def test_keyboard_first_skip_link_rows_enter_and_help(open_page, agent: Agent, users) -> None:
     first = agent.pending(charge="ch_k1", amount=1)
-    agent.pending(charge="ch_k2", amount=2)
+    second = agent.pending(charge="ch_k2", amount=2)
     page = open_page()
     sign_in(page, "approver")
     page.goto("/")
@@ -249,18 +246,17 @@ def test_keyboard_first_skip_link_rows_enter_and_help(open_page, agent: Agent, u
     expect(skip).to_be_focused()
     expect(skip).to_have_text("Skip to the queue")
     page.keyboard.press("Enter")
+    # The jump is a navigation to the fragment: Tab from where it landed, not before.
+    expect(page).to_have_url(re.compile(r"#queue-rows$"))
     page.keyboard.press("Tab")  # the first row, two key presses after the page loads
-    assert page.evaluate("document.activeElement.getAttribute('href')") == reverse(
-        "effect", args=[first]
-    )
+    focused = page.locator(":focus")
+    expect(focused).to_have_attribute("href", reverse("effect", args=[first]))
     # The focus ring is visible.
-    outline = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
-    assert outline not in ("", "none")
+    expect(focused).not_to_have_css("outline-style", "none")
     page.keyboard.press("j")
+    expect(focused).to_have_attribute("href", reverse("effect", args=[second]))
     page.keyboard.press("k")
-    assert page.evaluate("document.activeElement.getAttribute('href')") == reverse(
-        "effect", args=[first]
-    )
+    expect(focused).to_have_attribute("href", reverse("effect", args=[first]))
     page.keyboard.press("Enter")
     expect(page.locator("#effect h1")).to_contain_text("stripe.refund")
     # The page's scripts are loaded (readyState "complete"). Not wait_for_function: its

@@ -89,23 +89,47 @@ class CommitFailsStore(DelegatingStore):
         return self.inner.update(effect_id, expect_states, expect_fence, changes, entry, approval)
 
 
-class SlowStore(DelegatingStore):
-    """Every write blocks its thread for ``delay`` seconds and records which thread it was."""
+class LoopGatedStore(DelegatingStore):
+    """Every write blocks its thread until the event loop has ticked ``ticks`` more times
+    (``loop_ticks[0]`` counts them), and records which thread it was.
 
-    def __init__(self, inner: Any, delay: float) -> None:
+    A write run on a worker thread sees the loop tick while it waits, however slow the
+    machine; one run on the loop's own thread blocks the loop, sees no tick, and gives up
+    after ``timeout`` seconds, noted in ``starved``."""
+
+    def __init__(self, inner: Any, loop_ticks: list[int], ticks: int = 3, timeout: float = 5.0):
         super().__init__(inner)
-        self.delay = delay
+        self.loop_ticks = loop_ticks
+        self.ticks = ticks
+        self.timeout = timeout
         self.write_threads: list[int] = []
+        self.starved: list[int] = []
+
+    def _gate(self) -> None:
+        self.write_threads.append(threading.get_ident())
+        until = self.loop_ticks[0] + self.ticks
+        deadline = time.monotonic() + self.timeout
+        while self.loop_ticks[0] < until:
+            if time.monotonic() > deadline:
+                self.starved.append(threading.get_ident())
+                return
+            time.sleep(0.001)
 
     def insert_or_find(self, effect, entries):
-        self.write_threads.append(threading.get_ident())
-        time.sleep(self.delay)
+        self._gate()
         return self.inner.insert_or_find(effect, entries)
 
     def update(self, *args, **kwargs):
-        self.write_threads.append(threading.get_ident())
-        time.sleep(self.delay)
+        self._gate()
         return self.inner.update(*args, **kwargs)
+
+
+def wait_until(check: Any, what: str, timeout: float = 30.0) -> None:
+    """Wait (real time, bounded) for another thread to get somewhere."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
 
 
 def raw_ledger_text(store: Any, store_kind: str) -> str:

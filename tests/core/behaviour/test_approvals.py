@@ -5,8 +5,6 @@ Part of the behavioural suite: each test runs on every store (helpers.py).
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from openonce_core import (
@@ -20,6 +18,7 @@ from openonce_core import (
     OpenOnceError,
     require_approval_for,
 )
+from openonce_core.testing import FakeClock
 
 from .helpers import (
     AGENT,
@@ -137,15 +136,18 @@ def test_approval_is_void_for_arguments_the_approver_did_not_see(store):
 
 
 def test_approval_ttl_expiry_fails_closed(store):
-    policy = require_approval_for(["stripe.*"], approval_ttl=0.3)
-    oo = OpenOnce(store, retry_delay=0, policy=policy)
+    # A FakeClock sets when the approval runs out: a fresh approval stays valid however
+    # slowly the machine reaches the call that uses it (a 0.3 s TTL in real time did not).
+    clock = FakeClock()
+    policy = require_approval_for(["stripe.*"], approval_ttl=300)
+    oo = OpenOnce(store, retry_delay=0, policy=policy, clock=clock)
     refund, calls = refund_tool(oo)
     with pytest.raises(ApprovalPending) as info:
         refund("ch_1", 500)
     effect_id = info.value.effect_id
     oo.approve(effect_id, by="eric", reason="ok")
     assert oo.get(effect_id).state == S.APPROVED
-    time.sleep(0.4)
+    clock.advance(301)
     with pytest.raises(ApprovalExpired) as expired:
         refund("ch_1", 500)
     assert isinstance(expired.value, ApprovalPending)

@@ -5,8 +5,6 @@ Part of the behavioural suite: each test runs on every store (helpers.py).
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from openonce_core import (
@@ -16,17 +14,25 @@ from openonce_core import (
     OpenOnce,
     OutcomeUnknownError,
 )
+from openonce_core.testing import FakeClock
 
 from .helpers import (
     CardDeclined,
     CommitFailsStore,
     S,
+    in_thread,
     only_effect,
+    wait_until,
 )
 
 
 def test_failed_finishing_write_raises_ledger_write_error_and_never_reruns(store):
-    oo = OpenOnce(CommitFailsStore(store), retry_delay=0, lease_seconds=0.3, wait_seconds=0.05)
+    # The ledger's time is a FakeClock: "the lease is still live" and "it ran out" are
+    # moments the test sets, not a 0.3 s window a stall (GC, fsync, a busy CI) can miss.
+    clock = FakeClock()
+    oo = OpenOnce(
+        CommitFailsStore(store), retry_delay=0, lease_seconds=60, wait_seconds=5, clock=clock
+    )
     calls: list[str] = []
 
     @oo.effect(tool="email.send", idempotency_key=lambda to: f"mail-{to}")
@@ -45,11 +51,22 @@ def test_failed_finishing_write_raises_ledger_write_error_and_never_reruns(store
     effect = only_effect(store)
     assert error.effect_id == effect.id
     assert effect.state == S.STARTED  # the claim stands; the outcome was not recorded
-    with pytest.raises(EffectInFlightError):
-        send("a@b.c")  # lease still live: a duplicate waits, then gives up
-    time.sleep(0.4)
-    with pytest.raises(OutcomeUnknownError):
-        send("a@b.c")  # lease ran out: UNKNOWN, not a second send
+    try:
+        # The lease is still live: a duplicate waits, then gives up.
+        duplicate = in_thread(send, "a@b.c")
+        wait_until(lambda: store.board.waiting() == [effect.id], "the duplicate to wait")
+        assert not duplicate.done()
+        clock.advance(5)  # its wait_seconds pass; 55 s of the lease are left
+        with pytest.raises(EffectInFlightError):
+            duplicate.result(timeout=30)
+        lease_end = oo.get(effect.id).lease_expires_at
+        assert lease_end is not None and lease_end > clock.now()  # it gave up on a live lease
+        clock.advance(56)  # the lease ran out: UNKNOWN, not a second send
+        late = in_thread(send, "a@b.c")  # a thread: were the lease live, it would wait
+        with pytest.raises(OutcomeUnknownError):
+            late.result(timeout=30)
+    finally:
+        clock.advance(600)  # a call still waiting (the test failed) ends its wait
     assert oo.get(effect.id).state == S.UNKNOWN
     assert calls == ["a@b.c"]
 
