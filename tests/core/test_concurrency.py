@@ -35,6 +35,7 @@ from openonce_core import (
     OutcomeUnknownError,
 )
 from openonce_core.testing import FakeClock
+from tests.core.behaviour.helpers import wait_until
 from tests.support.workers import append_line, read_lines, wait_for_file
 
 WORKERS = Path(__file__).resolve().parents[1] / "support" / "workers.py"
@@ -117,14 +118,6 @@ def wait_for_lines(
         if time.monotonic() > deadline:
             raise AssertionError(f"{path} did not get {count} lines within {timeout}s")
         time.sleep(0.001)
-
-
-def wait_until(check: Callable[[], Any], what: str, timeout: float = 30.0) -> None:
-    """Wait (real time, bounded) for other threads to get somewhere."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.002)
 
 
 def waiting(oo: OpenOnce) -> list[str]:

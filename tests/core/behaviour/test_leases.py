@@ -6,7 +6,6 @@ Part of the behavioural suite: each test runs on every store (helpers.py).
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -30,6 +29,7 @@ from .helpers import (
     in_thread,
     moves,
     only_effect,
+    wait_until,
 )
 
 
@@ -55,14 +55,6 @@ def stalled(oo: OpenOnce) -> OpenOnce:
     from the ledger while its handler runs: its lease can now run out."""
     oo.keeper.close()
     return oo
-
-
-def wait_until(check: Any, what: str, timeout: float = 10.0) -> None:
-    """Wait (real time, bounded) for another thread to get somewhere."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.002)
 
 
 def test_a_running_handler_keeps_its_lease(store):
